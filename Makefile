@@ -1,0 +1,47 @@
+# creditbench front door. `make run` and `make test` create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch; set TORCH_SPEC="torch" (or a CUDA index) on a GPU machine.
+TORCH_SPEC ?= torch==2.13.0
+# Real datasets for the tasks and data tests: ../shared/data when present (override with BENCH_DATA=...).
+BENCH_DATA ?= $(abspath $(wildcard ../shared/data))
+export BENCH_DATA
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-all seeds ui lint format clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install  ## the main job: SFT warm start + GRPO on generated Countdown, tiny model, CPU (~10 min on 2 cores)
+	$(PY) -m bench main $(ARGS)
+
+test: install  ## the test suite (CPU, no network; slow/gpu/network tests deselected)
+	$(PY) -m pytest -q -m "not slow and not gpu and not network" $(PYTEST_ARGS)
+
+test-all: install  ## everything CPU can run, slow tests included (CI)
+	$(PY) -m pytest -q -m "not gpu and not network" $(PYTEST_ARGS)
+
+seeds: install  ## benchmark: the default job for 3 seeds, held-out accuracy after SFT and after GRPO
+	$(PY) scripts/default_seeds.py $(ARGS)
+
+ui: install  ## MLflow UI over the embedded store
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf runs .cache lightning_logs .pytest_cache .hypothesis

@@ -1,0 +1,252 @@
+"""Layered, typed configuration.
+
+Merge order (later wins): the typed dataclass defaults below < conf/config.yaml < conf/model/<m>.yaml <
+conf/task/<t>.yaml < conf/algorithm/<a>.yaml < command-line dotlist. Each YAML is a delta on the whole config.
+The ``task`` and ``algorithm`` sections are typed by the selected class's own ``Config`` dataclass, so an unknown
+key or a wrong type anywhere fails at start-up with the key's full name and the nearest valid keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from bench import ROOT
+from bench.registry import ALGORITHMS, TASKS, did_you_mean
+
+CONF = ROOT / "conf"
+SELECTORS = ("model", "task", "algorithm")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    """Selector: conf/model/<name>.yaml."""
+    name_or_path: str = "tiny"
+    """'tiny' builds a random-init model with a character tokenizer; anything else is a hub id or a local path."""
+    arch: str = "llama"
+    """tiny only: llama or qwen2."""
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 384
+    max_position_embeddings: int = 256
+    dtype: str = "float32"
+    """float32 | bfloat16 | float16."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 8
+    """G: completions sampled per prompt."""
+    prompts_per_step: int = 16
+    """P: prompts per rollout step; B = P*G completions."""
+    max_new_tokens: int = 32
+    """Generation budget per completion (Dr. GRPO's L_budget)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    warmup_steps: int = 0
+    """Linear warm-up over this many optimizer steps, then constant."""
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    minibatch_size: int | None = None
+    """Completions per optimizer step (None: the whole rollout batch, one optimizer step per epoch)."""
+    micro_batch_size: int = 64
+    """Completions per forward/backward; gradient accumulation does not change the loss scale."""
+    batch_size: int = 32
+    """Supervised (SFT) examples per optimizer step."""
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 50
+    """Training steps: rollout steps for RL, optimizer steps for SFT."""
+    eval_every: int = 10
+    checkpoint_every: int = 25
+    accelerator: str = "auto"
+    precision: str = "32-true"
+    num_threads: int | None = None
+    """torch threads (None: torch's default)."""
+    progress_bar: bool = True
+
+
+@dataclass
+class EvalConfig:
+    temperature: float = 0.0
+    """0 is greedy: held-out accuracy is pass@1 under greedy decoding."""
+    top_p: float = 1.0
+    max_new_tokens: int | None = None
+    """None: rollout.max_new_tokens."""
+    batch_size: int = 64
+    samples_logged: int = 16
+    """Completions logged as an MLflow table at each evaluation."""
+
+
+@dataclass
+class TrackingConfig:
+    tracking_uri: str | None = None
+    """None: $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlflow.db (embedded, no server)."""
+    experiment: str = "creditbench"
+    run_name: str | None = None
+    """None: {task}-{algorithm}-s{seed}."""
+
+
+@dataclass
+class WarmStartConfig:
+    max_steps: int = 300
+    """SFT optimizer steps for init=sft."""
+    overrides: list[str] = field(default_factory=list)
+    """Dotlist applied to the SFT config (after conf/algorithm/sft.yaml)."""
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    init: str = "scratch"
+    """scratch | sft (train or reuse the cached SFT checkpoint for this task, model and seed) | a path to an HF folder."""
+    resume: str | None = None
+    """A run directory under output_dir to continue."""
+    output_dir: str = "runs"
+    cache_dir: str = ".cache"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: Any = None
+    algorithm: Any = None
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+
+def _keys(node: Any, prefix: str = "") -> list[str]:
+    out = []
+    if isinstance(node, DictConfig):
+        for k in node.keys():
+            full = f"{prefix}{k}"
+            out.append(full)
+            out += _keys(node._get_node(k), full + ".")
+    return out
+
+
+def _merge(base: DictConfig, layer: DictConfig | dict, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(base, layer)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or ""
+        msg = str(e).splitlines()[0]
+        valid = _keys(base)
+        hint = did_you_mean(key, valid) if key else ""
+        if not hint and key:
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            siblings = [k for k in valid if k.rsplit(".", 1)[0] == parent or (not parent and "." not in k)]
+            hint = f" Valid keys here: {', '.join(siblings[:30])}."
+        raise ConfigError(f"bad config key {key!r} in {source}: {msg}.{hint}") from None
+
+
+def _yaml(path: Path) -> DictConfig:
+    return OmegaConf.load(path) if path.exists() else OmegaConf.create({})
+
+
+def split_args(args: list[str]) -> tuple[dict[str, str], list[str]]:
+    """`algorithm=grpo` selects a group; `algorithm.clip_eps=0.3` overrides a key."""
+    selected, overrides = {}, []
+    for a in args:
+        if "=" not in a:
+            raise ConfigError(f"argument {a!r} is not key=value (e.g. algorithm=grpo or trainer.max_steps=10)")
+        key, value = a.split("=", 1)
+        if key in SELECTORS:
+            selected[key] = value
+        else:
+            overrides.append(a)
+    return selected, overrides
+
+
+def compose(args: list[str] = (), base: Path = CONF) -> DictConfig:
+    """Build the resolved, validated config from selectors and overrides (see module docstring)."""
+    selected, overrides = split_args(list(args))
+    top = _yaml(base / "config.yaml")
+    names = {s: selected.get(s) or OmegaConf.select(top, f"{s}.name") for s in SELECTORS}
+    names["model"] = names["model"] or ModelConfig.name
+    for s in ("task", "algorithm"):
+        if not names[s]:
+            raise ConfigError(f"no {s} selected: pass {s}=<name> (see `python -m bench list`)")
+    model_yaml = base / "model" / f"{names['model']}.yaml"
+    if not model_yaml.exists():
+        avail = sorted(p.stem for p in (base / "model").glob("*.yaml"))
+        raise ConfigError(f"unknown model {names['model']!r}. Available: {', '.join(avail)}."
+                          + did_you_mean(names["model"], avail)
+                          + " For any hub id or local folder use model.name_or_path=<id or path>.")
+    schema = OmegaConf.structured(Config)
+    schema.task = OmegaConf.structured(TASKS.get(names["task"]).Config)
+    schema.algorithm = OmegaConf.structured(ALGORITHMS.get(names["algorithm"]).Config)
+    cfg = _merge(schema, top, str(base / "config.yaml"))
+    for s in SELECTORS:
+        path = base / s / f"{names[s]}.yaml"
+        cfg = _merge(cfg, _yaml(path), str(path))
+        cfg = _merge(cfg, {s: {"name": names[s]}}, "command line")
+    cfg = _merge(cfg, OmegaConf.from_dotlist(overrides), "command line")
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"config interpolation failed: {e}") from None
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg)
+
+
+def flatten(cfg: DictConfig | dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    items = cfg.items() if isinstance(cfg, dict) else ((k, cfg[k]) for k in cfg.keys())
+    for k, v in items:
+        key = f"{prefix}{k}"
+        if isinstance(v, (DictConfig, dict)):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, ListConfig):
+            out[key] = list(v)
+        else:
+            out[key] = v
+    return out
+
+
+def config_hash(cfg: DictConfig | dict, drop: tuple[str, ...] = ()) -> str:
+    flat = {k: v for k, v in flatten(cfg).items() if not k.startswith(drop)}
+    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,103 @@
+"""Shared loss primitives: masked reductions, loss aggregation, KL estimators, clipped surrogate, group advantages.
+
+Pure tensor functions, tested once (tests/test_losses.py). Shapes: B completions, T completion tokens, G group size.
+Formulas: ../shared/docs/algorithms.md (Notation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant-normalised"]
+KLKind = Literal["k1", "k2", "k3"]
+
+
+@dataclass(frozen=True)
+class Norm:
+    """Denominators of one optimizer step. A micro-batch's loss divides by these, not by its own counts, so summing
+    micro-batch losses (gradient accumulation) gives exactly the full-batch loss."""
+
+    num_seqs: int
+    """B of the whole optimizer step."""
+    num_tokens: float
+    """Σ m over the whole optimizer step."""
+    budget: int = 1
+    """L_budget for constant-normalised aggregation (the generation budget)."""
+
+    @staticmethod
+    def of(mask: torch.Tensor, budget: int = 1) -> Norm:
+        return Norm(num_seqs=mask.shape[0], num_tokens=float(mask.sum()), budget=budget)
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    # where(), not x*mask: a NaN/inf at a masked position must not leak into the sum
+    x = torch.where(mask.bool(), x, torch.zeros_like(x))
+    return x.sum() if dim is None else x.sum(dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    return masked_sum(x, mask, dim) / mask.sum(dim).clamp(min=1)
+
+
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: AggMode, norm: Norm | None = None) -> torch.Tensor:
+    """Aggregate a per-token loss matrix [B, T] to a scalar; ``norm`` holds the optimizer step's denominators
+    (default: this batch's own)."""
+    norm = norm or Norm.of(mask)
+    if mode == "token-mean":
+        return masked_sum(loss_mat, mask) / max(norm.num_tokens, 1.0)
+    per_seq = masked_sum(loss_mat, mask, dim=-1)  # [B]
+    if mode == "seq-mean-token-mean":
+        per_seq = per_seq / mask.sum(-1).clamp(min=1)
+    elif mode == "constant-normalised":
+        per_seq = per_seq / norm.budget
+    elif mode != "seq-mean-token-sum":
+        raise ValueError(f"unknown loss aggregation {mode!r}: choose one of {AggMode.__args__}")
+    return per_seq.sum() / norm.num_seqs
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind) -> torch.Tensor:
+    """Per-token estimate of KL(π_θ || π_ref) from samples of π_θ (Schulman 2020), with d = log π_ref − log π_θ:
+    k1 = −d, k2 = ½d², k3 = e^d − d − 1 (≥ 0, unbiased)."""
+    d = ref_logp - logp
+    if kind == "k1":
+        return -d
+    if kind == "k2":
+        return 0.5 * d.square()
+    if kind == "k3":
+        return torch.expm1(d.clamp(max=20.0)) - d  # clamp: e^d overflows for d > 88 in fp32
+    raise ValueError(f"unknown KL estimator {kind!r}: choose one of {KLKind.__args__}")
+
+
+def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float):
+    """C(ρ, A) = min(ρA, clip(ρ, 1−ε_l, 1+ε_h)A), to maximise; also the mask of tokens where the clip is active
+    (the gradient through ρ is zero there)."""
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
+    return torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: Literal["std", "none"] = "std",
+                     eps: float = 1e-6, unbiased: bool = True) -> torch.Tensor:
+    """Â_i = (r_i − mean_g r) / (std_g r + ε) per group of G consecutive rows ([B] -> [B]).
+
+    A constant-reward group gives exactly 0 (its centred rewards are 0; std + ε > 0), never NaN.
+    """
+    B = rewards.shape[0]
+    assert B % group_size == 0, f"batch of {B} is not a whole number of groups of {group_size}"
+    r = rewards.view(-1, group_size)  # [P, G]
+    centred = r - r.mean(-1, keepdim=True)
+    if scale == "std":
+        std = r.std(-1, unbiased=unbiased, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
+        centred = centred / (std + eps)
+    elif scale != "none":
+        raise ValueError(f"unknown advantage scale {scale!r}: choose std or none")
+    return centred.reshape(B)
+
+
+def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[P] bool: groups whose rewards are all equal (they carry no group-relative signal)."""
+    r = rewards.view(-1, group_size)
+    return (r == r[:, :1]).all(-1)

@@ -1,0 +1,299 @@
+"""Base LightningModules: ``PolicyModule`` (policy, optimizer, held-out evaluation, metric logging) and
+``RLModule`` (one training step = one rollout batch -> rewards -> advantages -> ppo_epochs x minibatches).
+
+Algorithms subclass these and declare what they need (``needs_reference``, ``needs_entropy``, ``train_stream``);
+shared code never asks an algorithm its name.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import ClassVar
+
+import lightning as L
+import torch
+import torchmetrics
+
+from bench.losses import Norm, zero_variance_groups
+from bench.policy import Reference, completion_logprobs
+from bench.rollout import Rollout, generate, sample_seed
+
+
+@dataclass
+class AlgorithmConfig:
+    """Fields every algorithm has; each algorithm extends this with its paper's symbols."""
+
+    name: str = "grpo"
+
+
+class PolicyModule(L.LightningModule):
+    Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+    description: ClassVar[str] = ""
+    train_stream: ClassVar[str] = "prompts"
+    """What the task's train dataloader yields: "prompts" (RL) or "demonstrations" (supervised)."""
+    needs_reference: bool = False
+    """Whether log π_ref is computed for each rollout (algorithms may make this a property of their config)."""
+
+    def __init__(self, cfg, policy, tokenizer, task):
+        super().__init__()
+        self.cfg, self.acfg = cfg, cfg.algorithm
+        self.policy, self.tokenizer, self.task = policy, tokenizer, task
+        self.step_count = 0  # training steps done: rollout steps for RL, optimizer steps for SFT
+        self.reference: Reference | None = None
+        self.checkpoint_path = None  # set by the driver: where periodic and final checkpoints go
+        self.last_eval_step = -1
+        self.eval_history: list[tuple[int, dict]] = []
+        self.eval_accuracy = torchmetrics.MeanMetric()
+        self.eval_reward = torchmetrics.MeanMetric()
+
+    # ---- optimisation -------------------------------------------------------------------------------------------
+    def configure_optimizers(self):
+        o = self.cfg.optim
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+        warm = max(o.warmup_steps, 0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def transfer_batch_to_device(self, batch: dict, device, dataloader_idx: int) -> dict:
+        # Only tensors move; Example records stay as they are (Lightning refuses to walk frozen dataclasses).
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    # ---- bookkeeping --------------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["bench"] = {"step_count": self.step_count, "last_eval_step": self.last_eval_step,
+                               "eval_history": self.eval_history}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint["bench"]
+        self.step_count, self.last_eval_step = state["step_count"], state["last_eval_step"]
+        self.eval_history = state["eval_history"]
+        self.task.start_step = self.step_count
+
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        """All metrics go to the loggers with step = training step (rollout step for RL), never Lightning's count of
+        optimizer steps, so every algorithm shares the x-axis."""
+        metrics = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=self.step_count)
+
+    def on_train_start(self) -> None:
+        if self.step_count == 0 and self.last_eval_step < 0:
+            self.evaluate()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.step_count += 1
+        done = self.step_count >= self.cfg.trainer.max_steps
+        if done or self.step_count % self.cfg.trainer.eval_every == 0:
+            self.evaluate()
+        if done:
+            self.trainer.should_stop = True
+        if self.checkpoint_path and (done or self.step_count % self.cfg.trainer.checkpoint_every == 0):
+            self.trainer.save_checkpoint(self.checkpoint_path)
+
+    # ---- evaluation ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """pass@1 and mean reward on the task's fixed held-out set, with the eval sampling settings."""
+        e, r = self.cfg.eval, self.cfg.rollout
+        was_training = self.policy.training
+        self.policy.eval()
+        self.eval_accuracy.reset()
+        self.eval_reward.reset()
+        examples = self.task.eval_examples()
+        rows, lengths, components = [], [], defaultdict(list)
+        for start in range(0, len(examples), e.batch_size):
+            chunk = examples[start : start + e.batch_size]
+            batch = self.task.collate_prompts(chunk)
+            gen = generate(self.policy, batch["prompt_ids"].to(self.device), batch["prompt_mask"].to(self.device),
+                           group_size=1, max_new_tokens=e.max_new_tokens or r.max_new_tokens,
+                           temperature=e.temperature, top_p=e.top_p, eos_token_id=self.tokenizer.eos_token_id,
+                           pad_token_id=self.tokenizer.pad_token_id,
+                           seeds=[sample_seed(self.cfg.seed, "eval", start + i) for i in range(len(chunk))])
+            texts = self.decode(gen.completion_ids, gen.mask)
+            for ex, text, n in zip(chunk, texts, gen.lengths.tolist()):
+                res = self.task.reward(ex, text)
+                self.eval_accuracy.update(float(self.task.is_correct(res)))
+                self.eval_reward.update(res.score)
+                lengths.append(n)
+                for k, v in res.components.items():
+                    components[k].append(v)
+                if len(rows) < e.samples_logged:
+                    rows.append({"step": self.step_count, "uid": ex.uid, "prompt": self.task.render_prompt(ex),
+                                 "completion": text, "score": res.score})
+        metrics = {"eval/accuracy": self.eval_accuracy.compute().item(),
+                   "eval/reward_mean": self.eval_reward.compute().item(),
+                   "eval/completion_len_mean": sum(lengths) / len(lengths)}
+        metrics.update({f"eval/{k}": sum(v) / len(v) for k, v in components.items()})
+        self.log_metrics(metrics)
+        for logger in self.loggers:
+            if hasattr(logger, "log_table"):
+                logger.log_table(rows, f"eval/samples_step_{self.step_count:06d}.json")
+        self.eval_history.append((self.step_count, metrics))
+        self.last_eval_step = self.step_count
+        self.policy.train(was_training)
+        return metrics
+
+    def decode(self, completion_ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+        ids = [row[m.bool()].tolist() for row, m in zip(completion_ids.cpu(), mask.cpu())]
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
+class RLModule(PolicyModule):
+    """Manual optimisation. Subclasses implement ``advantages(rollout)`` and ``loss(rows, logp, norm)``."""
+
+
+    def __init__(self, cfg, policy, tokenizer, task):
+        super().__init__(cfg, policy, tokenizer, task)
+        self.automatic_optimization = False
+        self.samples_seen = 0
+        self.tokens_generated = 0
+        self.nonfinite_skipped = 0
+
+    # ---- what an algorithm declares ------------------------------------------------------------------------------
+    def advantages(self, rollout: Rollout) -> torch.Tensor:
+        raise NotImplementedError
+
+    def loss(self, rows: dict[str, torch.Tensor], logp: torch.Tensor, norm: Norm):
+        """-> (scalar loss for these rows, already divided by the step's denominators in ``norm``; dict of stats)."""
+        raise NotImplementedError
+
+    # ---- the step -----------------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["bench"].update(samples_seen=self.samples_seen, tokens_generated=self.tokens_generated,
+                                   nonfinite_skipped=self.nonfinite_skipped)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        state = checkpoint["bench"]
+        self.samples_seen, self.tokens_generated = state["samples_seen"], state["tokens_generated"]
+        self.nonfinite_skipped = state["nonfinite_skipped"]
+
+    def make_rollout(self, batch: dict) -> Rollout:
+        r = self.cfg.rollout
+        G = r.group_size
+        P = len(batch["examples"])
+        # NOTE: seeds depend on (run seed, step, position in the step's batch); the batch itself is a pure function
+        # of (seed, step), so a run and its resumption sample identical completions.
+        seeds = [sample_seed(self.cfg.seed, self.step_count, p) for p in range(P)]
+        was_training = self.policy.training
+        self.policy.eval()
+        gen = generate(self.policy, batch["prompt_ids"], batch["prompt_mask"], group_size=G,
+                       max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                       eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
+                       seeds=seeds)
+        self.policy.train(was_training)
+        return Rollout(examples=batch["examples"], prompt_ids=batch["prompt_ids"].repeat_interleave(G, 0),
+                       prompt_mask=batch["prompt_mask"].repeat_interleave(G, 0),
+                       completion_ids=gen.completion_ids, mask=gen.mask, sampler_logp=gen.sampler_logp,
+                       lengths=gen.lengths, truncated=gen.truncated,
+                       texts=self.decode(gen.completion_ids, gen.mask), group_size=G)
+
+    def score(self, ro: Rollout) -> None:
+        G = ro.group_size
+        results = [self.task.reward(ro.examples[i // G], text) for i, text in enumerate(ro.texts)]
+        ro.rewards = torch.tensor([res.score for res in results], dtype=torch.float32, device=self.device)
+        ro.correct = torch.tensor([self.task.is_correct(res) for res in results], device=self.device)
+        names = sorted({k for res in results for k in res.components})
+        ro.components = {k: torch.tensor([res.components.get(k, 0.0) for res in results]) for k in names}
+
+    @torch.no_grad()
+    def behaviour_logprobs(self, ro: Rollout) -> None:
+        """log π_old from one batched training-mode forward (the sampler's log-probs are kept to log the gap);
+        log π_ref only when the algorithm needs it."""
+        mb = self.cfg.train.micro_batch_size
+        temp = self.cfg.rollout.temperature
+        old, ref = [], []
+        for idx in torch.arange(ro.size, device=self.device).split(mb):
+            args = (ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.mask[idx], temp)
+            old.append(completion_logprobs(self.policy, *args)[0])
+            if self.needs_reference:
+                with self.reference.model() as ref_model:
+                    ref.append(completion_logprobs(ref_model, *args)[0])
+        ro.old_logp = torch.cat(old)
+        ro.ref_logp = torch.cat(ref) if ref else None
+
+    def training_step(self, batch: dict, batch_idx: int):
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        ro = self.make_rollout(batch)
+        t1 = time.perf_counter()
+        self.score(ro)
+        t2 = time.perf_counter()
+        self.behaviour_logprobs(ro)
+        ro.adv = self.advantages(ro)
+        stats = self.update(ro)
+        t3 = time.perf_counter()
+        self.samples_seen += ro.size
+        self.tokens_generated += int(ro.lengths.sum())
+        G = ro.group_size
+        m = {"reward/mean": ro.rewards.mean(), "reward/std": ro.rewards.std() if ro.size > 1 else 0.0,
+             "rollout/accuracy": ro.correct.float().mean(),
+             "rollout/completion_len_mean": ro.lengths.float().mean(),
+             "rollout/completion_len_max": ro.lengths.max(), "rollout/truncated_frac": ro.truncated.float().mean(),
+             "rollout/zero_var_group_frac": zero_variance_groups(ro.rewards, G).float().mean(),
+             "rollout/samples_seen": self.samples_seen, "rollout/tokens_generated": self.tokens_generated,
+             "rollout/sampler_logp_gap_max": ((ro.sampler_logp - ro.old_logp).abs() * ro.mask).max(),
+             "stats/nonfinite_skipped": self.nonfinite_skipped,
+             "time/generation": t1 - t0, "time/scoring": t2 - t1, "time/update": t3 - t2, "time/step": t3 - t0}
+        m.update({f"reward/{k}": v.mean() for k, v in ro.components.items()})
+        m.update(stats)
+        self.log_metrics(m)
+        self.log("reward", float(ro.rewards.mean()), prog_bar=True, logger=False)
+        self.log("acc", float(ro.correct.float().mean()), prog_bar=True, logger=False)
+
+    def update(self, ro: Rollout) -> dict[str, float]:
+        """ppo_epochs passes; each minibatch is one optimizer step whose loss denominators cover the whole
+        minibatch, so splitting it into micro-batches (gradient accumulation) leaves the loss unchanged."""
+        t, r = self.cfg.train, self.cfg.rollout
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        B = ro.size
+        mb_size = t.minibatch_size or B
+        assert B % mb_size == 0, f"rollout batch {B} is not divisible by train.minibatch_size={mb_size}"
+        sums: dict[str, float] = defaultdict(float)
+        n_steps = 0
+        gen = torch.Generator().manual_seed(sample_seed(self.cfg.seed, self.step_count, "minibatches"))
+        for _ in range(t.ppo_epochs):
+            order = torch.randperm(B, generator=gen) if mb_size < B else torch.arange(B)
+            for mb in order.to(self.device).split(mb_size):
+                norm = Norm.of(ro.mask[mb], budget=r.max_new_tokens)
+                opt.zero_grad(set_to_none=True)
+                finite = True
+                step_stats: dict[str, float] = defaultdict(float)
+                for micro in mb.split(t.micro_batch_size):
+                    rows = ro.rows(micro)
+                    logp, entropy = completion_logprobs(self.policy, rows["prompt_ids"], rows["prompt_mask"],
+                                                        rows["completion_ids"], rows["mask"], r.temperature,
+                                                        with_entropy=True)
+                    loss, stats = self.loss(rows, logp, norm)
+                    if not torch.isfinite(loss):
+                        finite = False
+                        break
+                    self.manual_backward(loss)
+                    w = float(rows["mask"].sum()) / max(norm.num_tokens, 1.0)  # token-weighted stat average
+                    step_stats["loss/total"] += float(loss.detach())
+                    step_stats["stats/entropy"] += w * float((entropy * rows["mask"]).sum() / rows["mask"].sum()
+                                                             .clamp(min=1))
+                    for k, v in stats.items():
+                        step_stats[k] += w * float(v)
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    [p for p in self.policy.parameters() if p.requires_grad], self.cfg.optim.max_grad_norm)
+                if not finite or not torch.isfinite(grad_norm):
+                    # Non-finite loss or gradient: skip this update, count it, continue.
+                    opt.zero_grad(set_to_none=True)
+                    self.nonfinite_skipped += 1
+                    continue
+                opt.step()
+                sched.step()
+                n_steps += 1
+                step_stats["stats/grad_norm"] = float(grad_norm)
+                for k, v in step_stats.items():
+                    sums[k] += v
+        out = {k: v / max(n_steps, 1) for k, v in sums.items()}
+        out["stats/lr"] = sched.get_last_lr()[0]
+        out["stats/optimizer_steps"] = n_steps
+        return out

@@ -1,0 +1,119 @@
+"""Policies: any transformers causal LM, a tiny random-init one with a character tokenizer, LoRA via peft, and the
+reference policy (the adapter disabled under LoRA, never a second copy; a frozen snapshot otherwise)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import string
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from bench.config import ModelConfig
+
+SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARS = list(string.printable[:-5]) + ["\n"]  # printable ASCII without \t\r\x0b\x0c, plus newline
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character, built with `tokenizers`; saves and loads like any HF tokenizer, no network."""
+    vocab = {t: i for i, t in enumerate(SPECIAL + sorted(set(CHARS)))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
+                                   eos_token="<eos>", unk_token="<unk>", padding_side="left")
+
+
+def tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    arch = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if cfg.arch not in arch:
+        raise ValueError(f"model.arch={cfg.arch!r}: choose one of {sorted(arch)}")
+    config_cls, model_cls = arch[cfg.arch]
+    config = config_cls(vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                        num_key_value_heads=cfg.num_heads, max_position_embeddings=cfg.max_position_embeddings,
+                        tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # weights depend on the run seed only
+        return model_cls(config)
+
+
+def load_policy(cfg: ModelConfig, seed: int, init_path: str | Path | None = None):
+    """(model, tokenizer). ``init_path``: an HF folder (e.g. a cached SFT checkpoint) that replaces the weights."""
+    dtype = getattr(torch, cfg.dtype)
+    source = str(init_path) if init_path else cfg.name_or_path
+    if source == "tiny":
+        tokenizer = char_tokenizer()
+        model = tiny_model(cfg, len(tokenizer), seed).to(dtype)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if cfg.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                          target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+    return model, tokenizer
+
+
+class Reference:
+    """log π_ref. Under LoRA: the same network with its adapter disabled. Otherwise a frozen snapshot of the initial
+    policy, held outside the LightningModule's state so it is neither trained nor checkpointed twice."""
+
+    def __init__(self, policy: torch.nn.Module):
+        self.policy = policy
+        self.snapshot = None
+        if not hasattr(policy, "disable_adapter"):
+            self.snapshot = copy.deepcopy(policy).eval().requires_grad_(False)
+
+    @contextlib.contextmanager
+    def model(self):
+        if self.snapshot is not None:
+            yield self.snapshot
+        else:
+            with self.policy.disable_adapter():
+                yield self.policy
+
+    def to(self, device) -> Reference:
+        if self.snapshot is not None:
+            self.snapshot.to(device)
+        return self
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0,
+                        with_entropy: bool = False):
+    """Per-token log π(y_t | x, y_<t) of the completion, [B, T]; optionally the full-vocabulary entropy [B, T].
+
+    Logits are divided by the sampling temperature, as in the sampler, so ratios compare like with like.
+    """
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, Tp + T]
+    mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+    T = completion_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
+    logits = logits[:, -T - 1 : -1].float()  # [B, T, V]: position t predicts completion token t
+    if temperature > 0:
+        logits = logits / temperature
+    logz = torch.logsumexp(logits, dim=-1)  # [B, T]
+    logp = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - logz
+    if not with_entropy:
+        return logp, None
+    with torch.no_grad():
+        p = F.softmax(logits, dim=-1)
+        entropy = logz - (p * logits).sum(-1)  # H = log Z - E_p[logit]
+    return logp, entropy

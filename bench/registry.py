@@ -1,0 +1,93 @@
+"""File-stem registries for algorithms and tasks.
+
+A module dropped into ``algorithms/`` or ``tasks/`` (or any directory given with ``--include``) registers the one
+class it defines that subclasses the registry's base class, under the file's stem. A module that fails to import is
+an error naming the file, never a silent skip. Unknown names fail with the available names and a did-you-mean.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from bench import ROOT
+
+
+class RegistryError(LookupError):
+    pass
+
+
+def did_you_mean(name: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(name, options, n=3, cutoff=0.5)
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+class Registry:
+    def __init__(self, kind: str, package: str, base_path: str):
+        self.kind, self.package, self.base_path = kind, package, base_path
+        self.dirs: list[Path] = [ROOT / package]
+        self._classes: dict[str, type] | None = None
+
+    @property
+    def base(self) -> type:
+        module, name = self.base_path.rsplit(".", 1)
+        return getattr(importlib.import_module(module), name)
+
+    def include(self, directory: str | Path) -> None:
+        d = Path(directory).resolve()
+        if not d.is_dir():
+            raise RegistryError(f"--include {directory}: not a directory")
+        if d not in self.dirs:
+            self.dirs.append(d)
+            self._classes = None
+
+    def _load(self, path: Path) -> type:
+        in_package = path.parent == ROOT / self.package
+        modname = f"{self.package}.{path.stem}" if in_package else f"_bench_include_{self.package}_{path.stem}"
+        try:
+            if in_package:
+                module = importlib.import_module(modname)
+            else:
+                spec = importlib.util.spec_from_file_location(modname, path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[modname] = module
+                spec.loader.exec_module(module)
+        except Exception as e:
+            raise RegistryError(f"{self.kind} module {path} failed to import: {type(e).__name__}: {e}") from e
+        base = self.base
+        found = [v for v in vars(module).values()
+                 if isinstance(v, type) and issubclass(v, base) and v.__module__ == module.__name__]
+        if len(found) != 1:
+            raise RegistryError(f"{path} must define exactly one subclass of {base.__name__}; found "
+                                f"{[c.__name__ for c in found]}")
+        return found[0]
+
+    def classes(self) -> dict[str, type]:
+        if self._classes is None:
+            classes: dict[str, type] = {}
+            for d in self.dirs:
+                for path in sorted(d.glob("*.py")):
+                    if path.stem.startswith("_"):
+                        continue
+                    if path.stem in classes:
+                        raise RegistryError(f"two {self.kind}s named {path.stem!r}: {path} and another directory")
+                    classes[path.stem] = self._load(path)
+            self._classes = classes
+        return self._classes
+
+    def names(self) -> list[str]:
+        return sorted(self.classes())
+
+    def get(self, name: str) -> type:
+        classes = self.classes()
+        if name not in classes:
+            raise RegistryError(f"unknown {self.kind} {name!r}. Available: {', '.join(sorted(classes))}."
+                                + did_you_mean(name, list(classes)))
+        return classes[name]
+
+
+ALGORITHMS = Registry("algorithm", "algorithms", "bench.module.PolicyModule")
+TASKS = Registry("task", "tasks", "bench.task.Task")

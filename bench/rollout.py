@@ -1,0 +1,117 @@
+"""Sampling G completions per prompt with a KV cache, and the rollout batch that algorithms consume."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from bench.policy import position_ids
+
+
+def sample_seed(*parts) -> int:
+    """A 63-bit seed from (run seed, step, prompt index, ...): reproducible and independent of batch layout."""
+    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
+
+
+@dataclass
+class Generation:
+    completion_ids: torch.Tensor  # [B, T] right-padded with pad_token_id
+    mask: torch.Tensor  # [B, T] float: 1 on generated tokens (EOS included), 0 after
+    sampler_logp: torch.Tensor  # [B, T] log-probs under the sampling distribution (temperature-scaled)
+    lengths: torch.Tensor  # [B]
+    truncated: torch.Tensor  # [B] bool: no EOS within the budget
+
+
+@torch.no_grad()
+def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, group_size: int, max_new_tokens: int,
+             temperature: float, top_p: float, eos_token_id: int, pad_token_id: int, seeds: list[int]) -> Generation:
+    """Rows p*G .. p*G+G-1 are prompt p's group; prompt p samples from its own generator seeded by ``seeds[p]``.
+
+    ``temperature == 0`` decodes greedily.
+    """
+    P, G = prompt_ids.shape[0], group_size
+    assert len(seeds) == P, f"one seed per prompt: {len(seeds)} seeds for {P} prompts"
+    device = prompt_ids.device
+    ids = prompt_ids.repeat_interleave(G, dim=0)  # [B, Tp]
+    attn = prompt_mask.repeat_interleave(G, dim=0)
+    pos = position_ids(attn)
+    gens = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+    cache = DynamicCache()
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True).logits[:, -1]
+    next_pos = pos[:, -1:] + 1
+    B = ids.shape[0]
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    tokens, logps, alive = [], [], []
+    for t in range(max_new_tokens):
+        logits = logits.float()
+        if temperature > 0:
+            logits = logits / temperature
+        lprobs = F.log_softmax(logits, dim=-1)  # [B, V]
+        if temperature > 0:
+            probs = _top_p(lprobs.exp(), top_p)
+            tok = torch.cat([torch.multinomial(probs[p * G : (p + 1) * G], 1, generator=gens[p]) for p in range(P)])
+            tok = tok.squeeze(-1)  # [B]
+        else:
+            tok = lprobs.argmax(-1)
+        lp = lprobs.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        tok = torch.where(done, pad_token_id, tok)
+        alive.append(~done)
+        tokens.append(tok)
+        logps.append(torch.where(done, 0.0, lp))
+        done = done | (tok == eos_token_id)
+        if bool(done.all()) or t == max_new_tokens - 1:
+            break
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+        logits = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos, cache=cache,
+                       use_cache=True).logits[:, -1]
+        next_pos = next_pos + 1
+    mask = torch.stack(alive, 1).float()  # [B, T]
+    return Generation(completion_ids=torch.stack(tokens, 1), mask=mask, sampler_logp=torch.stack(logps, 1),
+                      lengths=mask.sum(1).long(), truncated=~done)
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    if top_p >= 1.0:
+        return probs
+    sorted_p, idx = probs.sort(-1, descending=True)
+    keep = sorted_p.cumsum(-1) - sorted_p < top_p  # keep the smallest prefix whose mass reaches top_p
+    return torch.zeros_like(probs).scatter(-1, idx, sorted_p * keep)
+
+
+@dataclass
+class Rollout:
+    """One rollout batch: P prompts x G completions, B = P*G rows, prompt p owns rows p*G .. p*G+G-1."""
+
+    examples: list  # [P] Example
+    prompt_ids: torch.Tensor  # [B, Tp] left-padded
+    prompt_mask: torch.Tensor  # [B, Tp]
+    completion_ids: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] float
+    sampler_logp: torch.Tensor  # [B, T]
+    lengths: torch.Tensor  # [B]
+    truncated: torch.Tensor  # [B] bool
+    texts: list[str]  # [B] decoded completions
+    group_size: int
+    rewards: torch.Tensor | None = None  # [B]
+    correct: torch.Tensor | None = None  # [B] bool
+    components: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B]
+    old_logp: torch.Tensor | None = None  # [B, T]
+    ref_logp: torch.Tensor | None = None  # [B, T]
+    adv: torch.Tensor | None = None  # [B] or [B, T]
+
+    @property
+    def size(self) -> int:
+        return self.completion_ids.shape[0]
+
+    def rows(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The tensors an algorithm's loss reads, for a subset of rows (a micro-batch)."""
+        out = {"prompt_ids": self.prompt_ids[idx], "prompt_mask": self.prompt_mask[idx],
+               "completion_ids": self.completion_ids[idx], "mask": self.mask[idx], "rewards": self.rewards[idx],
+               "old_logp": self.old_logp[idx], "adv": self.adv[idx]}
+        if self.ref_logp is not None:
+            out["ref_logp"] = self.ref_logp[idx]
+        return out

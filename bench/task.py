@@ -1,0 +1,176 @@
+"""The task contract: a LightningDataModule with a verifiable reward.
+
+A task file in ``tasks/`` defines one subclass of :class:`Task` (file stem == registry name). It supplies
+``Example`` records for train/val/test, renders prompts, scores completions with a pure ``reward`` and, where its
+data has them, demonstrations for SFT. Shared code never asks which task it is; it reads what the class declares.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+Split = Literal["train", "val", "test"]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One problem. ``answer`` is the gold answer in whatever form the task's reward reads; ``data`` holds the rest."""
+
+    uid: str
+    question: str
+    answer: Any
+    demonstration: str | None = None
+    data: dict = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """Score of one completion. ``components`` are logged as ``reward/<name>``; ``info`` is free-form diagnostics."""
+
+    score: float
+    components: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TaskConfig:
+    """Fields every task has; a task extends this dataclass with its own fields."""
+
+    name: str = "countdown"
+    """Registry name of the task (file stem in tasks/)."""
+    data_root: str | None = None
+    """Root of local datasets; ``${oc.env:BENCH_DATA}`` by default (see conf/config.yaml)."""
+    correct_threshold: float = 1.0
+    """A completion counts as correct (accuracy, pass@1) when its score >= this threshold."""
+    num_train: int | None = None
+    """Cap on train examples (None: all)."""
+    num_eval: int = 200
+    """Size of the fixed held-out evaluation set (first N of the eval split, fixed order)."""
+    eval_split: str = "test"
+    """Split used for held-out evaluation: val or test."""
+
+
+class Task(L.LightningDataModule):
+    """Base DataModule. Subclasses set ``Config``, ``version`` and implement ``load_split``, ``instruction`` and
+    ``reward``."""
+
+    Config: ClassVar[type[TaskConfig]] = TaskConfig
+    version: ClassVar[str] = "0"
+    description: ClassVar[str] = ""
+
+    def __init__(self, cfg: TaskConfig, tokenizer=None, *, seed: int = 0, prompts_per_step: int = 8,
+                 train_stream: Literal["prompts", "demonstrations"] = "prompts", batch_size: int = 8):
+        super().__init__()
+        self.cfg, self.tokenizer, self.seed = cfg, tokenizer, seed
+        self.prompts_per_step, self.train_stream, self.batch_size = prompts_per_step, train_stream, batch_size
+        self.start_step = 0  # set on resume so the prompt stream continues where it stopped
+        self._splits: dict[str, list[Example]] = {}
+
+    # ---- data ---------------------------------------------------------------------------------------------------
+    def load_split(self, split: Split) -> list[Example]:
+        raise NotImplementedError
+
+    def examples(self, split: Split) -> list[Example]:
+        if split not in self._splits:
+            exs = self.load_split(split)
+            if split == "train" and self.cfg.num_train is not None:
+                exs = exs[: self.cfg.num_train]
+            if split != "train":
+                exs = exs[: self.cfg.num_eval]
+            if not exs:
+                raise ValueError(f"task {self.cfg.name!r}: split {split!r} is empty")
+            self._splits[split] = exs
+        return self._splits[split]
+
+    def eval_examples(self) -> list[Example]:
+        return self.examples(self.cfg.eval_split)  # type: ignore[arg-type]
+
+    def demonstrations(self) -> list[Example]:
+        demos = [e for e in self.examples("train") if e.demonstration is not None]
+        if not demos:
+            raise ValueError(f"task {self.cfg.name!r} has no demonstrations, so SFT cannot run on it")
+        return demos
+
+    # ---- prompts and rewards ------------------------------------------------------------------------------------
+    def instruction(self, example: Example) -> str:
+        """The user message for chat models."""
+        raise NotImplementedError
+
+    def plain_prompt(self, example: Example) -> str:
+        """The prompt for tokenizers without a chat template."""
+        return self.instruction(example) + "\n"
+
+    def render_prompt(self, example: Example) -> str:
+        tok = self.tokenizer
+        if tok is not None and getattr(tok, "chat_template", None):
+            msgs = [{"role": "user", "content": self.instruction(example)}]
+            return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return self.plain_prompt(example)
+
+    def reward(self, example: Example, completion: str) -> RewardResult:
+        """Pure, deterministic, bounded in time, never raises on model output."""
+        raise NotImplementedError
+
+    def is_correct(self, result: RewardResult) -> bool:
+        return result.score >= self.cfg.correct_threshold
+
+    # ---- batches ------------------------------------------------------------------------------------------------
+    def collate_prompts(self, examples: Sequence[Example]) -> dict:
+        prompts = [self.render_prompt(e) for e in examples]
+        enc = self.tokenizer(prompts, padding=True, return_tensors="pt", padding_side="left",
+                             add_special_tokens=not getattr(self.tokenizer, "chat_template", None))
+        return {"examples": list(examples), "prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask}
+
+    def collate_demonstrations(self, examples: Sequence[Example]) -> dict:
+        """Prompt + demonstration + EOS, right-padded; ``labels`` are -100 outside the completion."""
+        tok = self.tokenizer
+        add_special = not getattr(tok, "chat_template", None)
+        rows = []
+        for e in examples:
+            p = tok(self.render_prompt(e), add_special_tokens=add_special).input_ids
+            c = tok(e.demonstration, add_special_tokens=False).input_ids + [tok.eos_token_id]
+            rows.append((p, c))
+        width = max(len(p) + len(c) for p, c in rows)
+        ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+        labels = torch.full_like(ids, -100)
+        mask = torch.zeros_like(ids)
+        for i, (p, c) in enumerate(rows):
+            n = len(p) + len(c)
+            ids[i, :n] = torch.tensor(p + c)
+            labels[i, len(p) : n] = torch.tensor(c)
+            mask[i, :n] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    def train_dataloader(self) -> DataLoader:
+        if self.train_stream == "demonstrations":
+            stream = _Stream(self.demonstrations(), self.batch_size, self.seed, self)
+            return DataLoader(stream, batch_size=None, collate_fn=self.collate_demonstrations)
+        stream = _Stream(self.examples("train"), self.prompts_per_step, self.seed, self)
+        return DataLoader(stream, batch_size=None, collate_fn=self.collate_prompts)
+
+
+class _Stream(IterableDataset):
+    """Endless batches: batch k is a pure function of (seed, k), so a resumed run sees the batches it would have seen."""
+
+    def __init__(self, items: list, batch: int, seed: int, owner: Task):
+        if batch > len(items):
+            raise ValueError(f"batch of {batch} is larger than the {len(items)} examples available")
+        self.items, self.batch, self.seed, self.owner = items, batch, seed, owner
+
+    def __iter__(self) -> Iterator[list]:
+        per_epoch = len(self.items) // self.batch
+        k = self.owner.start_step
+        while True:
+            epoch, j = divmod(k, per_epoch)
+            order = list(range(len(self.items)))
+            random.Random(f"{self.seed}-{epoch}").shuffle(order)
+            yield [self.items[i] for i in order[j * self.batch : (j + 1) * self.batch]]
+            k += 1
+

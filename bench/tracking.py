@@ -1,0 +1,83 @@
+"""MLflow tracking through Lightning's MLFlowLogger: embedded SQLite store by default, a server when the user sets
+MLFLOW_TRACKING_URI; metric names sanitised; runs interrupted by Ctrl-C or SIGTERM end as KILLED, not FAILED."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+from lightning.pytorch.loggers import MLFlowLogger
+
+from bench import ROOT
+
+_BAD = re.compile(r"[^A-Za-z0-9_\-./ ]")
+
+
+def sanitize(name: str) -> str:
+    """MLflow accepts letters, digits, `_ - . /` and space only: `pass@1` -> `pass_at_1`, `a(b)` -> `a_b_`."""
+    return _BAD.sub("_", name.replace("@", "_at_"))
+
+
+def tracking_uri(configured: str | None) -> str:
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ROOT / 'mlflow.db'}"
+
+
+def artifact_root(uri: str) -> str | None:
+    """Artifacts of an embedded SQLite store live beside it (mlartifacts/), not in the current directory."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10)
+        return (sha.stdout.strip() or "unknown") + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class BenchLogger(MLFlowLogger):
+    """MLFlowLogger with sanitised metric names, JSON tables, and a terminal status that says what happened."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.status_override: str | None = None
+
+    def log_metrics(self, metrics, step=None):
+        super().log_metrics({sanitize(k): v for k, v in metrics.items()}, step)
+
+    def log_table(self, rows: list[dict], artifact_file: str) -> None:
+        if rows:
+            columns = {k: [r[k] for r in rows] for k in rows[0]}
+            self.experiment.log_table(self.run_id, data=columns, artifact_file=artifact_file)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.experiment.log_text(self.run_id, text, artifact_file)
+
+    def log_json(self, obj, artifact_file: str) -> None:
+        self.log_text(json.dumps(obj, indent=2, default=str), artifact_file)
+
+    def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.experiment.log_artifact(self.run_id, str(path), artifact_path)
+
+    def finalize(self, status: str = "success") -> None:
+        super().finalize(self.status_override or status)
+
+    def log_dir_files(self, directory: Path, artifact_path: str) -> None:
+        for p in sorted(directory.iterdir()):
+            if p.is_file():
+                self.log_file(p, artifact_path)
+
+
+def tmp_text_file(text: str, name: str) -> Path:
+    d = Path(tempfile.mkdtemp())
+    p = d / name
+    p.write_text(text)
+    return p

@@ -1,0 +1,181 @@
+"""Run one training job: config -> policy, task, algorithm -> Lightning Trainer -> MLflow run (+ run directory).
+
+A run directory ``<output_dir>/<run_name>-<time>/`` holds config.yaml, run.json (MLflow run id), checkpoints/last.ckpt
+and final/ (the trained policy as an HF folder). ``resume=<run dir>`` continues it in the same MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import DictConfig, OmegaConf
+
+from bench import ROOT
+from bench.config import ConfigError, compose, config_hash, flatten, to_yaml
+from bench.policy import Reference, load_policy
+from bench.registry import ALGORITHMS, TASKS
+from bench.tracking import BenchLogger, artifact_root, git_commit, tracking_uri
+
+# Keys that do not change what a run computes: excluded from the SFT cache key.
+_NOT_IN_KEY = ("tracking", "eval", "output_dir", "cache_dir", "resume", "trainer.eval_every",
+               "trainer.checkpoint_every", "trainer.progress_bar", "trainer.num_threads")
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_dir: Path
+    eval_history: list = field(default_factory=list)
+
+    @property
+    def first_eval(self) -> dict:
+        return self.eval_history[0][1]
+
+    @property
+    def last_eval(self) -> dict:
+        return self.eval_history[-1][1]
+
+
+def _path(p: str) -> Path:
+    path = Path(p)
+    return path if path.is_absolute() else ROOT / path
+
+
+class _StepProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, counting training steps out of trainer.max_steps (the stream is endless)."""
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        super().on_train_epoch_start(trainer, pl_module)
+        self.train_progress_bar.reset(total=pl_module.cfg.trainer.max_steps)
+        self.train_progress_bar.initial = pl_module.step_count
+        self.train_progress_bar.set_description("train")
+
+    def get_metrics(self, trainer, pl_module):
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
+
+
+class _Interrupted(Callback):
+    """Ctrl-C or SIGTERM: save the checkpoint and mark the MLflow run KILLED (Lightning alone would say FAILED)."""
+
+    def __init__(self, ckpt: Path, logger: BenchLogger):
+        self.ckpt, self.logger = ckpt, logger
+
+    def on_exception(self, trainer, pl_module, exception):
+        if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+            trainer.save_checkpoint(self.ckpt)
+            self.logger.status_override = "KILLED"
+            self.logger.experiment.set_tag(self.logger.run_id, "interrupted",
+                                           f"{type(exception).__name__} at step {pl_module.step_count}")
+            print(f"\ninterrupted at step {pl_module.step_count}; checkpoint {self.ckpt}\n"
+                  f"continue with: python -m bench train resume={self.ckpt.parent.parent}")
+
+
+def ensure_sft(cfg: DictConfig) -> Path:
+    """The SFT checkpoint for this task, model and seed: reused when a finished one with the same resolved SFT
+    config is cached, trained otherwise."""
+    sft = compose([f"model={cfg.model.name}", f"task={cfg.task.name}", "algorithm=sft"])
+    OmegaConf.set_readonly(sft, False)
+    keep = {k: cfg[k] for k in ("seed", "model", "task", "tracking", "eval", "output_dir", "cache_dir")}
+    sft = OmegaConf.merge(sft, keep, {"trainer": {"max_steps": cfg.warm_start.max_steps,
+                                                  "num_threads": cfg.trainer.num_threads,
+                                                  "progress_bar": cfg.trainer.progress_bar},
+                                      "rollout": {"max_new_tokens": cfg.rollout.max_new_tokens}},
+                          OmegaConf.from_dotlist(list(cfg.warm_start.overrides)))
+    sft.model.lora.enabled = False  # NOTE: the warm start is a full fine-tune; LoRA, if any, applies to RL only
+    sft.init = "scratch"
+    key = config_hash(sft, drop=_NOT_IN_KEY)
+    target = _path(cfg.cache_dir) / "sft" / f"{cfg.task.name}-{cfg.model.name}-s{cfg.seed}-{key}"
+    if (target / "DONE").exists():
+        print(f"[creditbench] reusing SFT warm start {target}")
+        return target
+    print(f"[creditbench] training SFT warm start ({cfg.warm_start.max_steps} steps) -> {target}")
+    result = train(sft)
+    tmp = target.with_name(target.name + f".tmp{time.time_ns()}")
+    shutil.copytree(result.run_dir / "final", tmp)
+    (tmp / "DONE").write_text(json.dumps({"mlflow_run_id": result.run_id, "eval": result.last_eval}, indent=2))
+    if target.exists():  # another process finished the same warm start first
+        shutil.rmtree(tmp)
+    else:
+        tmp.rename(target)
+    return target
+
+
+def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
+    if cfg.trainer.num_threads:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    L.seed_everything(cfg.seed, verbose=False)
+    init_path = {"scratch": None, "sft": None}.get(cfg.init, cfg.init)
+    if cfg.init == "sft":
+        init_path = ensure_sft(cfg)
+    elif init_path is not None and not _path(init_path).exists():
+        raise ConfigError(f"init={cfg.init!r}: no such folder; use scratch, sft, or a path to an HF model folder")
+    algo_cls, task_cls = ALGORITHMS.get(cfg.algorithm.name), TASKS.get(cfg.task.name)
+    obj = OmegaConf.to_object(cfg)  # typed dataclasses: fast attribute access in the hot loop
+    policy, tokenizer = load_policy(obj.model, obj.seed, init_path and _path(str(init_path)))
+    dm = task_cls(obj.task, tokenizer, seed=obj.seed, prompts_per_step=obj.rollout.prompts_per_step,
+                  train_stream=algo_cls.train_stream, batch_size=obj.train.batch_size)
+    module = algo_cls(obj, policy, tokenizer, dm)
+    if module.needs_reference:
+        module.reference = Reference(policy)
+
+    run_name = cfg.tracking.run_name or f"{cfg.task.name}-{cfg.algorithm.name}-s{cfg.seed}"
+    run_id = None
+    if resume_dir is None:
+        run_dir = _path(cfg.output_dir) / f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6:06d}"
+        run_dir.mkdir(parents=True)
+    else:
+        run_dir = resume_dir
+        run_id = json.loads((run_dir / "run.json").read_text())["mlflow_run_id"]
+    uri = tracking_uri(cfg.tracking.tracking_uri)
+    tags = {"task": cfg.task.name, "algorithm": cfg.algorithm.name, "model": cfg.model.name,
+            "seed": str(cfg.seed), "init": str(cfg.init), "git_commit": git_commit(),
+            "mlflow.source.git.commit": git_commit(), "run_dir": str(run_dir)}
+    logger = BenchLogger(experiment_name=cfg.tracking.experiment, run_name=run_name, tracking_uri=uri,
+                         tags=tags, artifact_location=artifact_root(uri), run_id=run_id)
+    if resume_dir is None:
+        logger.log_hyperparams(flatten(cfg))
+        logger.log_text(to_yaml(cfg), "config.yaml")
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        (run_dir / "run.json").write_text(json.dumps({"mlflow_run_id": logger.run_id, "tracking_uri": uri}))
+    else:
+        logger.experiment.update_run(run_id, status="RUNNING")
+        logger.experiment.set_tag(run_id, "resumed", time.strftime("%Y-%m-%dT%H:%M:%S"))
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    module.checkpoint_path = ckpt
+    callbacks = [_Interrupted(ckpt, logger)]
+    if cfg.trainer.progress_bar:
+        callbacks.append(_StepProgressBar())
+    trainer = L.Trainer(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.trainer.precision,
+                        max_steps=-1, max_epochs=-1, logger=logger, callbacks=callbacks, enable_checkpointing=False,
+                        limit_val_batches=0, num_sanity_val_steps=0, enable_model_summary=False,
+                        enable_progress_bar=cfg.trainer.progress_bar, default_root_dir=run_dir, log_every_n_steps=1)
+    if module.reference is not None:
+        module.reference.to(trainer.strategy.root_device)
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt if resume_dir is not None else None)
+    final = run_dir / "final"
+    policy.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    logger.log_json({"eval_history": module.eval_history}, "eval_history.json")
+    return RunResult(run_id=logger.run_id, run_dir=run_dir, eval_history=module.eval_history)
+
+
+def resume(run_dir: str | Path, overrides: list[str] = ()) -> RunResult:
+    d = _path(str(run_dir))
+    if not (d / "run.json").exists() or not (d / "checkpoints" / "last.ckpt").exists():
+        raise ConfigError(f"resume={run_dir}: expected a run directory with run.json and checkpoints/last.ckpt")
+    saved = OmegaConf.load(d / "config.yaml")
+    selectors = [f"{s}={saved[s].name}" for s in ("model", "task", "algorithm")]
+    cfg = compose(selectors)  # the typed schema, so the saved config is validated again
+    OmegaConf.set_readonly(cfg, False)
+    cfg = OmegaConf.merge(cfg, saved, OmegaConf.from_dotlist(list(overrides)))
+    return train(cfg, resume_dir=d)

@@ -1,0 +1,78 @@
+"""Config layering and start-up errors: unknown keys and wrong types name the key and the nearest valid key."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.config import CONF, ConfigError, compose
+from bench.registry import ALGORITHMS, TASKS, RegistryError
+
+
+def test_layering_order():
+    """defaults < config.yaml < model < task < algorithm < command line."""
+    cfg = compose(["algorithm=grpo", "task=countdown"])
+    assert cfg.model.hidden_size == 128  # conf/model/tiny.yaml
+    assert cfg.rollout.max_new_tokens == 32  # conf/task/countdown.yaml
+    assert cfg.rollout.group_size == 8 and cfg.optim.lr == 2e-5  # conf/algorithm/grpo.yaml
+    cfg = compose(["algorithm=grpo", "task=countdown", "optim.lr=0.5", "rollout.group_size=3"])
+    assert cfg.optim.lr == 0.5 and cfg.rollout.group_size == 3
+
+
+def test_unknown_key_names_nearest():
+    """A misspelt key fails at start-up with its full name and the nearest valid key."""
+    with pytest.raises(ConfigError, match=r"algorithm\.clip_epss.*Did you mean 'algorithm\.clip_eps'"):
+        compose(["algorithm=grpo", "task=countdown", "algorithm.clip_epss=0.3"])
+    with pytest.raises(ConfigError, match=r"trainer\.max_step\b.*Did you mean 'trainer\.max_steps'"):
+        compose(["algorithm=grpo", "task=countdown", "trainer.max_step=3"])
+
+
+def test_wrong_type_names_key():
+    """A value of the wrong type names the key."""
+    with pytest.raises(ConfigError, match=r"rollout\.group_size"):
+        compose(["algorithm=grpo", "task=countdown", "rollout.group_size=many"])
+
+
+def test_algorithm_fields_are_typed_per_algorithm():
+    """Algorithm keys are validated against the selected algorithm's own dataclass."""
+    with pytest.raises(ConfigError, match=r"algorithm\.clip_eps"):
+        compose(["algorithm=sft", "task=countdown", "algorithm.clip_eps=0.2"])
+
+
+def test_unknown_algorithm_and_task_list_available():
+    """Unknown names fail with the available names and a did-you-mean."""
+    with pytest.raises(RegistryError, match=r"unknown algorithm 'grop'\. Available: .*grpo.*Did you mean 'grpo'"):
+        compose(["algorithm=grop", "task=countdown"])
+    with pytest.raises(RegistryError, match=r"unknown task 'countdwn'.*Did you mean 'countdown'"):
+        compose(["algorithm=grpo", "task=countdwn"])
+    with pytest.raises(ConfigError, match=r"unknown model 'tinyy'.*Did you mean 'tiny'.*name_or_path"):
+        compose(["algorithm=grpo", "task=countdown", "model=tinyy"])
+
+
+def test_bad_argument_form():
+    with pytest.raises(ConfigError, match="not key=value"):
+        compose(["algorithm"])
+
+
+@pytest.mark.parametrize("algorithm", sorted(p.stem for p in (CONF / "algorithm").glob("*.yaml")))
+def test_every_algorithm_yaml_validates(algorithm):
+    """Every shipped conf/algorithm/*.yaml composes against its algorithm's dataclass."""
+    compose([f"algorithm={algorithm}", "task=countdown"])
+
+
+@pytest.mark.parametrize("task", sorted(p.stem for p in (CONF / "task").glob("*.yaml")))
+def test_every_task_yaml_validates(task):
+    """Every shipped conf/task/*.yaml composes against its task's dataclass."""
+    compose(["algorithm=grpo", f"task={task}"])
+
+
+@pytest.mark.parametrize("model", sorted(p.stem for p in (CONF / "model").glob("*.yaml")))
+def test_every_model_yaml_validates(model):
+    compose(["algorithm=grpo", "task=countdown", f"model={model}"])
+
+
+def test_every_registered_name_has_yaml():
+    """Each algorithm and task ships its conf/ file (the paper's defaults with reasons)."""
+    for name in ALGORITHMS.names():
+        assert (CONF / "algorithm" / f"{name}.yaml").exists(), name
+    for name in TASKS.names():
+        assert (CONF / "task" / f"{name}.yaml").exists(), name

@@ -1,0 +1,133 @@
+"""End-to-end runs of the real harness: tiny transformers model, generated Countdown, real MLflow SQLite store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from bench import ROOT
+from bench.config import compose
+from bench.train import resume, train
+
+STEP_METRICS = [
+    "reward/mean", "reward/std", "reward/format", "rollout/accuracy", "rollout/completion_len_mean",
+    "rollout/completion_len_max", "rollout/truncated_frac", "rollout/zero_var_group_frac", "loss/total",
+    "loss/policy", "stats/kl", "stats/clip_frac", "stats/entropy", "stats/grad_norm", "stats/lr",
+    "rollout/samples_seen", "rollout/tokens_generated", "time/generation", "time/scoring", "time/update",
+    "stats/nonfinite_skipped",
+]
+EVAL_METRICS = ["eval/accuracy", "eval/reward_mean", "eval/completion_len_mean"]
+
+
+def test_grpo_run_is_tracked_in_mlflow(small, store):
+    """A GRPO run writes one MLflow run with the documented name, tags, params, per-step metrics and eval tables."""
+    result = train(compose(["algorithm=grpo", "task=countdown", "seed=3", *small]))
+    client = MlflowClient(tracking_uri=store["uri"])
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED", run.info.status
+    assert run.info.run_name == "countdown-grpo-s3", run.info.run_name
+    tags = run.data.tags
+    for k, v in {"task": "countdown", "algorithm": "grpo", "model": "tiny", "seed": "3"}.items():
+        assert tags.get(k) == v, (k, tags.get(k))
+    assert len(tags["git_commit"]) >= 7, tags["git_commit"]
+    params = run.data.params
+    assert params["algorithm.clip_eps"] == "0.2" and params["rollout.group_size"] == "4", params
+    assert params["algorithm.loss_agg"] == "seq-mean-token-mean" and params["algorithm.kl_estimator"] == "k3"
+    for name in STEP_METRICS:
+        hist = client.get_metric_history(result.run_id, name)
+        assert [m.step for m in hist] == [0, 1], (name, [m.step for m in hist])
+    samples = client.get_metric_history(result.run_id, "rollout/samples_seen")
+    assert [m.value for m in samples] == [16, 32], [m.value for m in samples]  # P*G = 16 per step
+    gen = client.get_metric_history(result.run_id, "rollout/tokens_generated")
+    lens = client.get_metric_history(result.run_id, "rollout/completion_len_mean")
+    assert gen[0].value == pytest.approx(16 * lens[0].value), (gen[0].value, lens[0].value)
+    for name in EVAL_METRICS:
+        hist = client.get_metric_history(result.run_id, name)
+        assert [m.step for m in hist] == [0, 1, 2], (name, [m.step for m in hist])
+    acc = client.get_metric_history(result.run_id, "eval/accuracy")
+    assert [m.value for m in acc] == [h[1]["eval/accuracy"] for h in result.eval_history]
+    artifacts = {a.path for a in client.list_artifacts(result.run_id)}
+    assert {"config.yaml", "eval"} <= artifacts, artifacts
+    tables = {a.path for a in client.list_artifacts(result.run_id, "eval")}
+    assert "eval/samples_step_000000.json" in tables, tables
+    table = json.loads(Path(client.download_artifacts(result.run_id, "eval/samples_step_000000.json")).read_text())
+    assert set(table["columns"]) >= {"prompt", "completion", "score"}, table["columns"]
+    assert (result.run_dir / "final" / "config.json").exists() and (result.run_dir / "checkpoints" / "last.ckpt").exists()
+
+
+def _metrics(uri: str, run_id: str) -> dict:
+    client = MlflowClient(tracking_uri=uri)
+    keys = client.get_run(run_id).data.metrics.keys()
+    return {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in keys if not k.startswith("time/")}
+
+
+def test_same_seed_gives_identical_metrics(small, store):
+    """Two runs with the same seed on CPU log identical metric histories (timings excluded)."""
+    args = ["algorithm=grpo", "task=countdown", "seed=7", "optim.lr=1e-3", *small]
+    a, b = train(compose(args)), train(compose(args))
+    ma, mb = _metrics(store["uri"], a.run_id), _metrics(store["uri"], b.run_id)
+    assert ma == mb, {k: (ma[k], mb.get(k)) for k in ma if ma[k] != mb.get(k)}
+    c = train(compose([*args[:2], "seed=8", *args[3:]]))
+    assert _metrics(store["uri"], c.run_id) != ma, "a different seed should change the run"
+
+
+def test_sft_warm_start_is_trained_once_and_reused(small, store, capsys):
+    """init=sft trains the SFT checkpoint for (task, model, seed) once; a second RL run reuses the cached one."""
+    args = ["algorithm=grpo", "task=countdown", "seed=11", "init=sft", *small]
+    train(compose(args))
+    first = capsys.readouterr().out
+    train(compose(args))
+    second = capsys.readouterr().out
+    assert "training SFT warm start" in first and "reusing SFT warm start" in second, (first[-300:], second[-300:])
+    cached = list((store["dir"] / "cache" / "sft").glob("countdown-tiny-s11-*"))
+    assert len(cached) == 1 and (cached[0] / "DONE").exists(), cached
+    client = MlflowClient(tracking_uri=store["uri"])
+    sft_runs = client.search_runs([client.get_experiment_by_name("creditbench").experiment_id],
+                                  "attributes.run_name = 'countdown-sft-s11'")
+    assert len(sft_runs) == 1, [r.info.run_id for r in sft_runs]
+
+
+def test_sigterm_checkpoints_marks_killed_and_resumes(store, tmp_path):
+    """SIGTERM mid-run: checkpoint saved, MLflow run KILLED; resume= continues the same run to FINISHED."""
+    from tests.conftest import SMALL
+
+    out = tmp_path / "runs"
+    args = [*SMALL, "trainer.max_steps=400", "trainer.eval_every=1000", "trainer.checkpoint_every=1000",
+            f"tracking.tracking_uri={store['uri']}", f"output_dir={out}", f"cache_dir={tmp_path / 'cache'}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "bench", "train", "algorithm=grpo", "task=countdown", *args],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    run_dir = None
+    while time.time() < deadline and run_dir is None:
+        dirs = list(out.glob("*/run.json")) if out.exists() else []
+        run_dir = dirs[0].parent if dirs else None
+        time.sleep(0.5)
+    assert run_dir is not None, "the run never started"
+    run_id = json.loads((run_dir / "run.json").read_text())["mlflow_run_id"]
+    client = MlflowClient(tracking_uri=store["uri"])
+    while time.time() < deadline and not client.get_metric_history(run_id, "reward/mean"):
+        time.sleep(0.5)  # wait until at least one training step has been logged
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0, output[-2000:]
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED", (run.info.status, output[-2000:])
+    assert "SIGTERM" in run.data.tags.get("interrupted", ""), run.data.tags
+    assert (run_dir / "checkpoints" / "last.ckpt").exists(), output[-2000:]
+    steps_before = [m.step for m in client.get_metric_history(run_id, "reward/mean")]
+    stop = max(steps_before) + 2
+    result = resume(run_dir, [f"trainer.max_steps={stop}"])
+    assert result.run_id == run_id
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED", run.info.status
+    steps = [m.step for m in client.get_metric_history(run_id, "reward/mean")]
+    assert steps == list(range(stop)), steps  # no step lost, none repeated
