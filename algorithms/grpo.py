@@ -20,7 +20,17 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.losses import AggMode, KLKind, Norm, agg_loss, clipped_surrogate, group_advantages, kl_estimate, masked_mean
+from bench.losses import (
+    AggMode,
+    KLKind,
+    Norm,
+    agg_loss,
+    clipped_surrogate,
+    group_advantages,
+    kl_estimate,
+    masked_mean,
+    token_ratio,
+)
 from bench.module import AlgorithmConfig, RLModule
 
 
@@ -48,11 +58,13 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, cfg: GRPOConfig) -> 
 
 def grpo_loss(logp, old_logp, adv, mask, cfg: GRPOConfig, norm: Norm, ref_logp=None):
     """Per-token clipped surrogate minus β·KL, aggregated; shapes [B, T] except adv [B]."""
-    ratio = torch.exp(logp - old_logp)  # ρ_{i,t}
+    ratio = token_ratio(logp, old_logp, mask)  # ρ_{i,t}
     surrogate, clipped = clipped_surrogate(ratio, adv.unsqueeze(-1), cfg.clip_eps, cfg.clip_eps)
     per_token = -surrogate
-    stats = {"stats/clip_frac": masked_mean(clipped.float(), mask).detach(),
-             "stats/ratio_mean": masked_mean(ratio, mask).detach()}
+    stats = {
+        "stats/clip_frac": masked_mean(clipped.float(), mask).detach(),
+        "stats/ratio_mean": masked_mean(ratio, mask).detach(),
+    }
     if cfg.beta > 0:
         kl = kl_estimate(logp, ref_logp, cfg.kl_estimator)
         per_token = per_token + cfg.beta * kl

@@ -25,9 +25,12 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float 
     """Token-mean cross-entropy on positions whose label is not -100. logits [B, L, V], labels [B, L]."""
     shift_logits = logits[:, :-1].float()  # position t predicts token t+1
     shift_labels = labels[:, 1:]
-    return torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]),
-                                             shift_labels.reshape(-1), ignore_index=-100,
-                                             label_smoothing=label_smoothing)
+    return torch.nn.functional.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.shape[-1]),
+        shift_labels.reshape(-1),
+        ignore_index=-100,
+        label_smoothing=label_smoothing,
+    )
 
 
 class SFT(PolicyModule):
@@ -39,8 +42,13 @@ class SFT(PolicyModule):
         mask = batch["attention_mask"]
         logits = self.policy(input_ids=batch["input_ids"], attention_mask=mask, position_ids=position_ids(mask)).logits
         loss = sft_loss(logits, batch["labels"], self.acfg.label_smoothing)
-        self.log_metrics({"loss/sft": loss.detach(), "stats/lr": self.lr_schedulers().get_last_lr()[0],
-                          "stats/tokens": (batch["labels"] != -100).sum()})
+        self.log_metrics(
+            {
+                "loss/sft": loss.detach(),
+                "stats/lr": self.lr_schedulers().get_last_lr()[0],
+                "stats/tokens": (batch["labels"] != -100).sum(),
+            }
+        )
         self.log("loss", loss.detach(), prog_bar=True, logger=False)
         return loss
 

@@ -11,7 +11,10 @@ Add ``--include DIR`` (repeatable) to register algorithm or task files from anot
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from bench.config import ConfigError, compose, to_yaml
 from bench.registry import ALGORITHMS, TASKS, RegistryError
@@ -39,8 +42,10 @@ def cmd_train(args: list[str]) -> None:
     rest = [a for a in args if not a.startswith("resume=")]
     result = resume(resume_dir, rest) if resume_dir else train(compose(rest))
     first, last = result.first_eval, result.last_eval
-    print(f"\nheld-out accuracy (greedy pass@1): step {result.eval_history[0][0]}: {first['eval/accuracy']:.3f}"
-          f" -> step {result.eval_history[-1][0]}: {last['eval/accuracy']:.3f}")
+    print(
+        f"\nheld-out accuracy (greedy pass@1): step {result.eval_history[0][0]}: {first['eval/accuracy']:.3f}"
+        f" -> step {result.eval_history[-1][0]}: {last['eval/accuracy']:.3f}"
+    )
     print(f"MLflow run {result.run_id}; run directory {result.run_dir}")
 
 
@@ -60,8 +65,9 @@ def cmd_main(args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=["train", "list", "main", "config"])
     parser.add_argument("--include", action="append", default=[], help="extra directory of algorithm/task files")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
@@ -79,4 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RegistryError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except SIGTERMException:  # Lightning's SystemExit subclass would exit 0: a killed run must not look successful
+        return 128 + signal.SIGTERM
     return 0

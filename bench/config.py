@@ -8,7 +8,6 @@ key or a wrong type anywhere fails at start-up with the key's full name and the 
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -137,7 +136,7 @@ class WarmStartConfig:
 class Config:
     seed: int = 0
     init: str = "scratch"
-    """scratch | sft (train or reuse the cached SFT checkpoint for this task, model and seed) | a path to an HF folder."""
+    """scratch | sft (train or reuse the cached SFT checkpoint for this task, model, seed) | an HF model folder."""
     resume: str | None = None
     """A run directory under output_dir to continue."""
     output_dir: str = "runs"
@@ -209,9 +208,11 @@ def compose(args: list[str] = (), base: Path = CONF) -> DictConfig:
     model_yaml = base / "model" / f"{names['model']}.yaml"
     if not model_yaml.exists():
         avail = sorted(p.stem for p in (base / "model").glob("*.yaml"))
-        raise ConfigError(f"unknown model {names['model']!r}. Available: {', '.join(avail)}."
-                          + did_you_mean(names["model"], avail)
-                          + " For any hub id or local folder use model.name_or_path=<id or path>.")
+        raise ConfigError(
+            f"unknown model {names['model']!r}. Available: {', '.join(avail)}."
+            + did_you_mean(names["model"], avail)
+            + " For any hub id or local folder use model.name_or_path=<id or path>."
+        )
     schema = OmegaConf.structured(Config)
     schema.task = OmegaConf.structured(TASKS.get(names["task"]).Config)
     schema.algorithm = OmegaConf.structured(ALGORITHMS.get(names["algorithm"]).Config)

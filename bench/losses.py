@@ -67,8 +67,16 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind) -> tor
     if kind == "k2":
         return 0.5 * d.square()
     if kind == "k3":
-        return torch.expm1(d.clamp(max=20.0)) - d  # clamp: e^d overflows for d > 88 in fp32
+        # NOTE(deviation): e^d is evaluated at min(d, 20) (e^d overflows fp32 beyond 88); for d > 20, i.e. π_ref/π_θ
+        # above 5e8, k3 grows linearly instead of exponentially. Such tokens only arise from a diverged policy.
+        return torch.expm1(d.clamp(max=20.0)) - d
     raise ValueError(f"unknown KL estimator {kind!r}: choose one of {KLKind.__args__}")
+
+
+def token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """ρ = exp(log π_θ − log π_old) on unmasked tokens, exactly 1 on masked ones: an overflowing or NaN log-ratio at a
+    masked position would otherwise turn the backward 0·inf into NaN for every parameter."""
+    return torch.exp(torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp)))
 
 
 def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float):
@@ -79,8 +87,13 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, ep
     return torch.minimum(unclipped, clipped), clipped < unclipped
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: Literal["std", "none"] = "std",
-                     eps: float = 1e-6, unbiased: bool = True) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    scale: Literal["std", "none"] = "std",
+    eps: float = 1e-6,
+    unbiased: bool = True,
+) -> torch.Tensor:
     """Â_i = (r_i − mean_g r) / (std_g r + ε) per group of G consecutive rows ([B] -> [B]).
 
     A constant-reward group gives exactly 0 (its centred rewards are 0; std + ε > 0), never NaN.
@@ -89,6 +102,9 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: Literal["std
     assert B % group_size == 0, f"batch of {B} is not a whole number of groups of {group_size}"
     r = rewards.view(-1, group_size)  # [P, G]
     centred = r - r.mean(-1, keepdim=True)
+    # r - mean(r) is rounding error, not 0, for a constant group of e.g. 0.7s; divided by std + ε it would become a
+    # same-sign push on the whole group. Zero such groups exactly.
+    centred = torch.where((r == r[:, :1]).all(-1, keepdim=True), torch.zeros_like(centred), centred)
     if scale == "std":
         std = r.std(-1, unbiased=unbiased, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
         centred = centred / (std + eps)

@@ -64,8 +64,11 @@ class PolicyModule(L.LightningModule):
 
     # ---- bookkeeping --------------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["bench"] = {"step_count": self.step_count, "last_eval_step": self.last_eval_step,
-                               "eval_history": self.eval_history}
+        checkpoint["bench"] = {
+            "step_count": self.step_count,
+            "last_eval_step": self.last_eval_step,
+            "eval_history": self.eval_history,
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["bench"]
@@ -108,13 +111,20 @@ class PolicyModule(L.LightningModule):
         for start in range(0, len(examples), e.batch_size):
             chunk = examples[start : start + e.batch_size]
             batch = self.task.collate_prompts(chunk)
-            gen = generate(self.policy, batch["prompt_ids"].to(self.device), batch["prompt_mask"].to(self.device),
-                           group_size=1, max_new_tokens=e.max_new_tokens or r.max_new_tokens,
-                           temperature=e.temperature, top_p=e.top_p, eos_token_id=self.tokenizer.eos_token_id,
-                           pad_token_id=self.tokenizer.pad_token_id,
-                           seeds=[sample_seed(self.cfg.seed, "eval", start + i) for i in range(len(chunk))])
+            gen = generate(
+                self.policy,
+                batch["prompt_ids"].to(self.device),
+                batch["prompt_mask"].to(self.device),
+                group_size=1,
+                max_new_tokens=e.max_new_tokens or r.max_new_tokens,
+                temperature=e.temperature,
+                top_p=e.top_p,
+                eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id,
+                seeds=[sample_seed(self.cfg.seed, "eval", start + i) for i in range(len(chunk))],
+            )
             texts = self.decode(gen.completion_ids, gen.mask)
-            for ex, text, n in zip(chunk, texts, gen.lengths.tolist()):
+            for ex, text, n in zip(chunk, texts, gen.lengths.tolist(), strict=True):
                 res = self.task.reward(ex, text)
                 self.eval_accuracy.update(float(self.task.is_correct(res)))
                 self.eval_reward.update(res.score)
@@ -122,11 +132,20 @@ class PolicyModule(L.LightningModule):
                 for k, v in res.components.items():
                     components[k].append(v)
                 if len(rows) < e.samples_logged:
-                    rows.append({"step": self.step_count, "uid": ex.uid, "prompt": self.task.render_prompt(ex),
-                                 "completion": text, "score": res.score})
-        metrics = {"eval/accuracy": self.eval_accuracy.compute().item(),
-                   "eval/reward_mean": self.eval_reward.compute().item(),
-                   "eval/completion_len_mean": sum(lengths) / len(lengths)}
+                    rows.append(
+                        {
+                            "step": self.step_count,
+                            "uid": ex.uid,
+                            "prompt": self.task.render_prompt(ex),
+                            "completion": text,
+                            "score": res.score,
+                        }
+                    )
+        metrics = {
+            "eval/accuracy": self.eval_accuracy.compute().item(),
+            "eval/reward_mean": self.eval_reward.compute().item(),
+            "eval/completion_len_mean": sum(lengths) / len(lengths),
+        }
         metrics.update({f"eval/{k}": sum(v) / len(v) for k, v in components.items()})
         self.log_metrics(metrics)
         for logger in self.loggers:
@@ -138,13 +157,12 @@ class PolicyModule(L.LightningModule):
         return metrics
 
     def decode(self, completion_ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
-        ids = [row[m.bool()].tolist() for row, m in zip(completion_ids.cpu(), mask.cpu())]
+        ids = [row[m.bool()].tolist() for row, m in zip(completion_ids.cpu(), mask.cpu(), strict=True)]
         return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
 class RLModule(PolicyModule):
     """Manual optimisation. Subclasses implement ``advantages(rollout)`` and ``loss(rows, logp, norm)``."""
-
 
     def __init__(self, cfg, policy, tokenizer, task):
         super().__init__(cfg, policy, tokenizer, task)
@@ -164,8 +182,11 @@ class RLModule(PolicyModule):
     # ---- the step -----------------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint["bench"].update(samples_seen=self.samples_seen, tokens_generated=self.tokens_generated,
-                                   nonfinite_skipped=self.nonfinite_skipped)
+        checkpoint["bench"].update(
+            samples_seen=self.samples_seen,
+            tokens_generated=self.tokens_generated,
+            nonfinite_skipped=self.nonfinite_skipped,
+        )
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
@@ -182,16 +203,31 @@ class RLModule(PolicyModule):
         seeds = [sample_seed(self.cfg.seed, self.step_count, p) for p in range(P)]
         was_training = self.policy.training
         self.policy.eval()
-        gen = generate(self.policy, batch["prompt_ids"], batch["prompt_mask"], group_size=G,
-                       max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                       eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
-                       seeds=seeds)
+        gen = generate(
+            self.policy,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            group_size=G,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+            seeds=seeds,
+        )
         self.policy.train(was_training)
-        return Rollout(examples=batch["examples"], prompt_ids=batch["prompt_ids"].repeat_interleave(G, 0),
-                       prompt_mask=batch["prompt_mask"].repeat_interleave(G, 0),
-                       completion_ids=gen.completion_ids, mask=gen.mask, sampler_logp=gen.sampler_logp,
-                       lengths=gen.lengths, truncated=gen.truncated,
-                       texts=self.decode(gen.completion_ids, gen.mask), group_size=G)
+        return Rollout(
+            examples=batch["examples"],
+            prompt_ids=batch["prompt_ids"].repeat_interleave(G, 0),
+            prompt_mask=batch["prompt_mask"].repeat_interleave(G, 0),
+            completion_ids=gen.completion_ids,
+            mask=gen.mask,
+            sampler_logp=gen.sampler_logp,
+            lengths=gen.lengths,
+            truncated=gen.truncated,
+            texts=self.decode(gen.completion_ids, gen.mask),
+            group_size=G,
+        )
 
     def score(self, ro: Rollout) -> None:
         G = ro.group_size
@@ -218,7 +254,6 @@ class RLModule(PolicyModule):
         ro.ref_logp = torch.cat(ref) if ref else None
 
     def training_step(self, batch: dict, batch_idx: int):
-        cfg = self.cfg
         t0 = time.perf_counter()
         ro = self.make_rollout(batch)
         t1 = time.perf_counter()
@@ -231,15 +266,23 @@ class RLModule(PolicyModule):
         self.samples_seen += ro.size
         self.tokens_generated += int(ro.lengths.sum())
         G = ro.group_size
-        m = {"reward/mean": ro.rewards.mean(), "reward/std": ro.rewards.std() if ro.size > 1 else 0.0,
-             "rollout/accuracy": ro.correct.float().mean(),
-             "rollout/completion_len_mean": ro.lengths.float().mean(),
-             "rollout/completion_len_max": ro.lengths.max(), "rollout/truncated_frac": ro.truncated.float().mean(),
-             "rollout/zero_var_group_frac": zero_variance_groups(ro.rewards, G).float().mean(),
-             "rollout/samples_seen": self.samples_seen, "rollout/tokens_generated": self.tokens_generated,
-             "rollout/sampler_logp_gap_max": ((ro.sampler_logp - ro.old_logp).abs() * ro.mask).max(),
-             "stats/nonfinite_skipped": self.nonfinite_skipped,
-             "time/generation": t1 - t0, "time/scoring": t2 - t1, "time/update": t3 - t2, "time/step": t3 - t0}
+        m = {
+            "reward/mean": ro.rewards.mean(),
+            "reward/std": ro.rewards.std() if ro.size > 1 else 0.0,
+            "rollout/accuracy": ro.correct.float().mean(),
+            "rollout/completion_len_mean": ro.lengths.float().mean(),
+            "rollout/completion_len_max": ro.lengths.max(),
+            "rollout/truncated_frac": ro.truncated.float().mean(),
+            "rollout/zero_var_group_frac": zero_variance_groups(ro.rewards, G).float().mean(),
+            "rollout/samples_seen": self.samples_seen,
+            "rollout/tokens_generated": self.tokens_generated,
+            "rollout/sampler_logp_gap_max": ((ro.sampler_logp - ro.old_logp).abs() * ro.mask).max(),
+            "stats/nonfinite_skipped": self.nonfinite_skipped,
+            "time/generation": t1 - t0,
+            "time/scoring": t2 - t1,
+            "time/update": t3 - t2,
+            "time/step": t3 - t0,
+        }
         m.update({f"reward/{k}": v.mean() for k, v in ro.components.items()})
         m.update(stats)
         self.log_metrics(m)
@@ -266,9 +309,15 @@ class RLModule(PolicyModule):
                 step_stats: dict[str, float] = defaultdict(float)
                 for micro in mb.split(t.micro_batch_size):
                     rows = ro.rows(micro)
-                    logp, entropy = completion_logprobs(self.policy, rows["prompt_ids"], rows["prompt_mask"],
-                                                        rows["completion_ids"], rows["mask"], r.temperature,
-                                                        with_entropy=True)
+                    logp, entropy = completion_logprobs(
+                        self.policy,
+                        rows["prompt_ids"],
+                        rows["prompt_mask"],
+                        rows["completion_ids"],
+                        rows["mask"],
+                        r.temperature,
+                        with_entropy=True,
+                    )
                     loss, stats = self.loss(rows, logp, norm)
                     if not torch.isfinite(loss):
                         finite = False
@@ -276,12 +325,14 @@ class RLModule(PolicyModule):
                     self.manual_backward(loss)
                     w = float(rows["mask"].sum()) / max(norm.num_tokens, 1.0)  # token-weighted stat average
                     step_stats["loss/total"] += float(loss.detach())
-                    step_stats["stats/entropy"] += w * float((entropy * rows["mask"]).sum() / rows["mask"].sum()
-                                                             .clamp(min=1))
+                    step_stats["stats/entropy"] += w * float(
+                        (entropy * rows["mask"]).sum() / rows["mask"].sum().clamp(min=1)
+                    )
                     for k, v in stats.items():
                         step_stats[k] += w * float(v)
                 grad_norm = torch.nn.utils.clip_grad_norm_(
-                    [p for p in self.policy.parameters() if p.requires_grad], self.cfg.optim.max_grad_norm)
+                    [p for p in self.policy.parameters() if p.requires_grad], self.cfg.optim.max_grad_norm
+                )
                 if not finite or not torch.isfinite(grad_norm):
                     # Non-finite loss or gradient: skip this update, count it, continue.
                     opt.zero_grad(set_to_none=True)

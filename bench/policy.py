@@ -25,8 +25,14 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
-                                   eos_token="<eos>", unk_token="<unk>", padding_side="left")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
 
 
 def tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> torch.nn.Module:
@@ -36,10 +42,19 @@ def tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> torch.nn.Module:
     if cfg.arch not in arch:
         raise ValueError(f"model.arch={cfg.arch!r}: choose one of {sorted(arch)}")
     config_cls, model_cls = arch[cfg.arch]
-    config = config_cls(vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-                        num_key_value_heads=cfg.num_heads, max_position_embeddings=cfg.max_position_embeddings,
-                        tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = config_cls(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # weights depend on the run seed only
         return model_cls(config)
@@ -61,8 +76,13 @@ def load_policy(cfg: ModelConfig, seed: int, init_path: str | Path | None = None
     if cfg.lora.enabled:
         from peft import LoraConfig, get_peft_model
 
-        lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                          target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
+        lora = LoraConfig(
+            r=cfg.lora.r,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=list(cfg.lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
         model = get_peft_model(model, lora)
     return model, tokenizer
 
@@ -96,8 +116,15 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0,
-                        with_entropy: bool = False):
+def completion_logprobs(
+    model,
+    prompt_ids,
+    prompt_mask,
+    completion_ids,
+    completion_mask,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+):
     """Per-token log π(y_t | x, y_<t) of the completion, [B, T]; optionally the full-vocabulary entropy [B, T].
 
     Logits are divided by the sampling temperature, as in the sampler, so ratios compare like with like.
@@ -106,7 +133,8 @@ def completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completi
     mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     T = completion_ids.shape[1]
     logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
-    logits = logits[:, -T - 1 : -1].float()  # [B, T, V]: position t predicts completion token t
+    logits = logits[:, -T - 1 : -1]  # [B, T, V]: position t predicts completion token t
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays fp64
     if temperature > 0:
         logits = logits / temperature
     logz = torch.logsumexp(logits, dim=-1)  # [B, T]

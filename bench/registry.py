@@ -58,11 +58,15 @@ class Registry:
         except Exception as e:
             raise RegistryError(f"{self.kind} module {path} failed to import: {type(e).__name__}: {e}") from e
         base = self.base
-        found = [v for v in vars(module).values()
-                 if isinstance(v, type) and issubclass(v, base) and v.__module__ == module.__name__]
+        found = [
+            v
+            for v in vars(module).values()
+            if isinstance(v, type) and issubclass(v, base) and v.__module__ == module.__name__
+        ]
         if len(found) != 1:
-            raise RegistryError(f"{path} must define exactly one subclass of {base.__name__}; found "
-                                f"{[c.__name__ for c in found]}")
+            raise RegistryError(
+                f"{path} must define exactly one subclass of {base.__name__}; found {[c.__name__ for c in found]}"
+            )
         return found[0]
 
     def classes(self) -> dict[str, type]:
@@ -84,8 +88,10 @@ class Registry:
     def get(self, name: str) -> type:
         classes = self.classes()
         if name not in classes:
-            raise RegistryError(f"unknown {self.kind} {name!r}. Available: {', '.join(sorted(classes))}."
-                                + did_you_mean(name, list(classes)))
+            raise RegistryError(
+                f"unknown {self.kind} {name!r}. Available: {', '.join(sorted(classes))}."
+                + did_you_mean(name, list(classes))
+            )
         return classes[name]
 
 

@@ -27,8 +27,19 @@ class Generation:
 
 
 @torch.no_grad()
-def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, group_size: int, max_new_tokens: int,
-             temperature: float, top_p: float, eos_token_id: int, pad_token_id: int, seeds: list[int]) -> Generation:
+def generate(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_token_id: int,
+    pad_token_id: int,
+    seeds: list[int],
+) -> Generation:
     """Rows p*G .. p*G+G-1 are prompt p's group; prompt p samples from its own generator seeded by ``seeds[p]``.
 
     ``temperature == 0`` decodes greedily.
@@ -66,12 +77,18 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, grou
         if bool(done.all()) or t == max_new_tokens - 1:
             break
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-        logits = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos, cache=cache,
-                       use_cache=True).logits[:, -1]
+        logits = model(
+            input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos, cache=cache, use_cache=True
+        ).logits[:, -1]
         next_pos = next_pos + 1
     mask = torch.stack(alive, 1).float()  # [B, T]
-    return Generation(completion_ids=torch.stack(tokens, 1), mask=mask, sampler_logp=torch.stack(logps, 1),
-                      lengths=mask.sum(1).long(), truncated=~done)
+    return Generation(
+        completion_ids=torch.stack(tokens, 1),
+        mask=mask,
+        sampler_logp=torch.stack(logps, 1),
+        lengths=mask.sum(1).long(),
+        truncated=~done,
+    )
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -109,9 +126,15 @@ class Rollout:
 
     def rows(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """The tensors an algorithm's loss reads, for a subset of rows (a micro-batch)."""
-        out = {"prompt_ids": self.prompt_ids[idx], "prompt_mask": self.prompt_mask[idx],
-               "completion_ids": self.completion_ids[idx], "mask": self.mask[idx], "rewards": self.rewards[idx],
-               "old_logp": self.old_logp[idx], "adv": self.adv[idx]}
+        out = {
+            "prompt_ids": self.prompt_ids[idx],
+            "prompt_mask": self.prompt_mask[idx],
+            "completion_ids": self.completion_ids[idx],
+            "mask": self.mask[idx],
+            "rewards": self.rewards[idx],
+            "old_logp": self.old_logp[idx],
+            "adv": self.adv[idx],
+        }
         if self.ref_logp is not None:
             out["ref_logp"] = self.ref_logp[idx]
         return out

@@ -65,8 +65,16 @@ class Task(L.LightningDataModule):
     version: ClassVar[str] = "0"
     description: ClassVar[str] = ""
 
-    def __init__(self, cfg: TaskConfig, tokenizer=None, *, seed: int = 0, prompts_per_step: int = 8,
-                 train_stream: Literal["prompts", "demonstrations"] = "prompts", batch_size: int = 8):
+    def __init__(
+        self,
+        cfg: TaskConfig,
+        tokenizer=None,
+        *,
+        seed: int = 0,
+        prompts_per_step: int = 8,
+        train_stream: Literal["prompts", "demonstrations"] = "prompts",
+        batch_size: int = 8,
+    ):
         super().__init__()
         self.cfg, self.tokenizer, self.seed = cfg, tokenizer, seed
         self.prompts_per_step, self.train_stream, self.batch_size = prompts_per_step, train_stream, batch_size
@@ -124,8 +132,13 @@ class Task(L.LightningDataModule):
     # ---- batches ------------------------------------------------------------------------------------------------
     def collate_prompts(self, examples: Sequence[Example]) -> dict:
         prompts = [self.render_prompt(e) for e in examples]
-        enc = self.tokenizer(prompts, padding=True, return_tensors="pt", padding_side="left",
-                             add_special_tokens=not getattr(self.tokenizer, "chat_template", None))
+        enc = self.tokenizer(
+            prompts,
+            padding=True,
+            return_tensors="pt",
+            padding_side="left",
+            add_special_tokens=not getattr(self.tokenizer, "chat_template", None),
+        )
         return {"examples": list(examples), "prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask}
 
     def collate_demonstrations(self, examples: Sequence[Example]) -> dict:
@@ -157,7 +170,7 @@ class Task(L.LightningDataModule):
 
 
 class _Stream(IterableDataset):
-    """Endless batches: batch k is a pure function of (seed, k), so a resumed run sees the batches it would have seen."""
+    """Endless batches: batch k is a pure function of (seed, k), so a resumed run sees the batches it would have."""
 
     def __init__(self, items: list, batch: int, seed: int, owner: Task):
         if batch > len(items):
@@ -173,4 +186,3 @@ class _Stream(IterableDataset):
             random.Random(f"{self.seed}-{epoch}").shuffle(order)
             yield [self.items[i] for i in order[j * self.batch : (j + 1) * self.batch]]
             k += 1
-

@@ -29,15 +29,20 @@ def tracking_uri(configured: str | None) -> str:
 def artifact_root(uri: str) -> str | None:
     """Artifacts of an embedded SQLite store live beside it (mlartifacts/), not in the current directory."""
     if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+        return (Path(uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
     return None
 
 
 def git_commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return (sha.stdout.strip() or "unknown") + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -25,8 +25,17 @@ from bench.registry import ALGORITHMS, TASKS
 from bench.tracking import BenchLogger, artifact_root, git_commit, tracking_uri
 
 # Keys that do not change what a run computes: excluded from the SFT cache key.
-_NOT_IN_KEY = ("tracking", "eval", "output_dir", "cache_dir", "resume", "trainer.eval_every",
-               "trainer.checkpoint_every", "trainer.progress_bar", "trainer.num_threads")
+_NOT_IN_KEY = (
+    "tracking",
+    "eval",
+    "output_dir",
+    "cache_dir",
+    "resume",
+    "trainer.eval_every",
+    "trainer.checkpoint_every",
+    "trainer.progress_bar",
+    "trainer.num_threads",
+)
 
 
 @dataclass
@@ -74,10 +83,13 @@ class _Interrupted(Callback):
         if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
             trainer.save_checkpoint(self.ckpt)
             self.logger.status_override = "KILLED"
-            self.logger.experiment.set_tag(self.logger.run_id, "interrupted",
-                                           f"{type(exception).__name__} at step {pl_module.step_count}")
-            print(f"\ninterrupted at step {pl_module.step_count}; checkpoint {self.ckpt}\n"
-                  f"continue with: python -m bench train resume={self.ckpt.parent.parent}")
+            self.logger.experiment.set_tag(
+                self.logger.run_id, "interrupted", f"{type(exception).__name__} at step {pl_module.step_count}"
+            )
+            print(
+                f"\ninterrupted at step {pl_module.step_count}; checkpoint {self.ckpt}\n"
+                f"continue with: python -m bench train resume={self.ckpt.parent.parent}"
+            )
 
 
 def ensure_sft(cfg: DictConfig) -> Path:
@@ -86,11 +98,19 @@ def ensure_sft(cfg: DictConfig) -> Path:
     sft = compose([f"model={cfg.model.name}", f"task={cfg.task.name}", "algorithm=sft"])
     OmegaConf.set_readonly(sft, False)
     keep = {k: cfg[k] for k in ("seed", "model", "task", "tracking", "eval", "output_dir", "cache_dir")}
-    sft = OmegaConf.merge(sft, keep, {"trainer": {"max_steps": cfg.warm_start.max_steps,
-                                                  "num_threads": cfg.trainer.num_threads,
-                                                  "progress_bar": cfg.trainer.progress_bar},
-                                      "rollout": {"max_new_tokens": cfg.rollout.max_new_tokens}},
-                          OmegaConf.from_dotlist(list(cfg.warm_start.overrides)))
+    sft = OmegaConf.merge(
+        sft,
+        keep,
+        {
+            "trainer": {
+                "max_steps": cfg.warm_start.max_steps,
+                "num_threads": cfg.trainer.num_threads,
+                "progress_bar": cfg.trainer.progress_bar,
+            },
+            "rollout": {"max_new_tokens": cfg.rollout.max_new_tokens},
+        },
+        OmegaConf.from_dotlist(list(cfg.warm_start.overrides)),
+    )
     sft.model.lora.enabled = False  # NOTE: the warm start is a full fine-tune; LoRA, if any, applies to RL only
     sft.init = "scratch"
     key = config_hash(sft, drop=_NOT_IN_KEY)
@@ -122,8 +142,14 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
     algo_cls, task_cls = ALGORITHMS.get(cfg.algorithm.name), TASKS.get(cfg.task.name)
     obj = OmegaConf.to_object(cfg)  # typed dataclasses: fast attribute access in the hot loop
     policy, tokenizer = load_policy(obj.model, obj.seed, init_path and _path(str(init_path)))
-    dm = task_cls(obj.task, tokenizer, seed=obj.seed, prompts_per_step=obj.rollout.prompts_per_step,
-                  train_stream=algo_cls.train_stream, batch_size=obj.train.batch_size)
+    dm = task_cls(
+        obj.task,
+        tokenizer,
+        seed=obj.seed,
+        prompts_per_step=obj.rollout.prompts_per_step,
+        train_stream=algo_cls.train_stream,
+        batch_size=obj.train.batch_size,
+    )
     module = algo_cls(obj, policy, tokenizer, dm)
     if module.needs_reference:
         module.reference = Reference(policy)
@@ -137,11 +163,24 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
         run_dir = resume_dir
         run_id = json.loads((run_dir / "run.json").read_text())["mlflow_run_id"]
     uri = tracking_uri(cfg.tracking.tracking_uri)
-    tags = {"task": cfg.task.name, "algorithm": cfg.algorithm.name, "model": cfg.model.name,
-            "seed": str(cfg.seed), "init": str(cfg.init), "git_commit": git_commit(),
-            "mlflow.source.git.commit": git_commit(), "run_dir": str(run_dir)}
-    logger = BenchLogger(experiment_name=cfg.tracking.experiment, run_name=run_name, tracking_uri=uri,
-                         tags=tags, artifact_location=artifact_root(uri), run_id=run_id)
+    tags = {
+        "task": cfg.task.name,
+        "algorithm": cfg.algorithm.name,
+        "model": cfg.model.name,
+        "seed": str(cfg.seed),
+        "init": str(cfg.init),
+        "git_commit": git_commit(),
+        "mlflow.source.git.commit": git_commit(),
+        "run_dir": str(run_dir),
+    }
+    logger = BenchLogger(
+        experiment_name=cfg.tracking.experiment,
+        run_name=run_name,
+        tracking_uri=uri,
+        tags=tags,
+        artifact_location=artifact_root(uri),
+        run_id=run_id,
+    )
     if resume_dir is None:
         logger.log_hyperparams(flatten(cfg))
         logger.log_text(to_yaml(cfg), "config.yaml")
@@ -155,10 +194,22 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
     callbacks = [_Interrupted(ckpt, logger)]
     if cfg.trainer.progress_bar:
         callbacks.append(_StepProgressBar())
-    trainer = L.Trainer(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.trainer.precision,
-                        max_steps=-1, max_epochs=-1, logger=logger, callbacks=callbacks, enable_checkpointing=False,
-                        limit_val_batches=0, num_sanity_val_steps=0, enable_model_summary=False,
-                        enable_progress_bar=cfg.trainer.progress_bar, default_root_dir=run_dir, log_every_n_steps=1)
+    trainer = L.Trainer(
+        accelerator=cfg.trainer.accelerator,
+        devices=1,
+        precision=cfg.trainer.precision,
+        max_steps=-1,
+        max_epochs=-1,
+        logger=logger,
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_model_summary=False,
+        enable_progress_bar=cfg.trainer.progress_bar,
+        default_root_dir=run_dir,
+        log_every_n_steps=1,
+    )
     if module.reference is not None:
         module.reference.to(trainer.strategy.root_device)
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt if resume_dir is not None else None)

@@ -1,4 +1,4 @@
-"""Shared fixtures: a small config for end-to-end runs on the tiny model, and a session-wide real MLflow SQLite store."""
+"""Shared fixtures: a small config for end-to-end runs of the tiny model, and a session-wide MLflow SQLite store."""
 
 from __future__ import annotations
 
@@ -10,10 +10,21 @@ import pytest
 from bench import ROOT
 
 SMALL = [
-    "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=64",
-    "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=16",
-    "task.num_eval=8", "eval.batch_size=8", "eval.samples_logged=4", "train.batch_size=8",
-    "trainer.max_steps=2", "trainer.eval_every=1", "trainer.progress_bar=false", "warm_start.max_steps=4",
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=16",
+    "task.num_eval=8",
+    "eval.batch_size=8",
+    "eval.samples_logged=4",
+    "train.batch_size=8",
+    "trainer.max_steps=2",
+    "trainer.eval_every=1",
+    "trainer.progress_bar=false",
+    "warm_start.max_steps=4",
 ]
 
 
@@ -21,9 +32,15 @@ SMALL = [
 def store(tmp_path_factory) -> dict:
     """A real MLflow tracking store (SQLite) and output/cache directories shared by the session's runs."""
     d = tmp_path_factory.mktemp("bench")
-    return {"dir": d, "uri": f"sqlite:///{d / 'mlflow.db'}",
-            "args": [f"tracking.tracking_uri=sqlite:///{d / 'mlflow.db'}", f"output_dir={d / 'runs'}",
-                     f"cache_dir={d / 'cache'}"]}
+    return {
+        "dir": d,
+        "uri": f"sqlite:///{d / 'mlflow.db'}",
+        "args": [
+            f"tracking.tracking_uri=sqlite:///{d / 'mlflow.db'}",
+            f"output_dir={d / 'runs'}",
+            f"cache_dir={d / 'cache'}",
+        ],
+    }
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ def test_layering_order():
     cfg = compose(["algorithm=grpo", "task=countdown"])
     assert cfg.model.hidden_size == 128  # conf/model/tiny.yaml
     assert cfg.rollout.max_new_tokens == 32  # conf/task/countdown.yaml
-    assert cfg.rollout.group_size == 8 and cfg.optim.lr == 2e-5  # conf/algorithm/grpo.yaml
+    assert cfg.rollout.group_size == 8 and cfg.optim.lr == 1e-4  # conf/algorithm/grpo.yaml
     cfg = compose(["algorithm=grpo", "task=countdown", "optim.lr=0.5", "rollout.group_size=3"])
     assert cfg.optim.lr == 0.5 and cfg.rollout.group_size == 3
 

@@ -34,9 +34,7 @@ def test_module_without_a_class_is_an_error(tmp_path):
 def test_include_registers_extra_task(tmp_path):
     """A Task subclass in an --include directory registers under its file stem."""
     (tmp_path / "echo.py").write_text(
-        "from bench.task import Task\n"
-        "class Echo(Task):\n"
-        "    description = 'repeat the word'\n"
+        "from bench.task import Task\nclass Echo(Task):\n    description = 'repeat the word'\n"
     )
     reg = Registry("task", "tasks", "bench.task.Task")
     reg.include(tmp_path)

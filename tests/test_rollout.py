@@ -37,12 +37,22 @@ def test_generation_masks_lengths_and_truncation():
     """Masks are 1 up to and including EOS, 0 after; lengths = mask sums; truncated = no EOS within budget."""
     model, tok = _policy()
     ids, mask = _prompts(tok, ["nums 1 2 target 3\n", "ab\n"])
-    gen = generate(model, ids, mask, group_size=3, max_new_tokens=12, temperature=1.0, top_p=1.0,
-                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seeds=[1, 2])
+    gen = generate(
+        model,
+        ids,
+        mask,
+        group_size=3,
+        max_new_tokens=12,
+        temperature=1.0,
+        top_p=1.0,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        seeds=[1, 2],
+    )
     B, T = gen.completion_ids.shape
     assert B == 6 and T <= 12
     assert torch.equal(gen.lengths, gen.mask.sum(1).long())
-    for row, m, n, trunc in zip(gen.completion_ids, gen.mask, gen.lengths, gen.truncated):
+    for row, m, n, trunc in zip(gen.completion_ids, gen.mask, gen.lengths, gen.truncated, strict=True):
         assert torch.all(m[:n] == 1) and torch.all(m[n:] == 0), m  # a prefix mask
         has_eos = bool((row[:n] == tok.eos_token_id).any())
         assert has_eos != bool(trunc), (row, n, trunc)
@@ -56,10 +66,22 @@ def test_eos_forced_rows_stop():
     """A model that always emits EOS gives length-1 completions and no truncation."""
     model, tok = _policy()
     # push the EOS logit far above the rest
-    handle = model.lm_head.register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([tok.eos_token_id]), 50.0))
+    handle = model.lm_head.register_forward_hook(
+        lambda m, i, o: o.index_fill(-1, torch.tensor([tok.eos_token_id]), 50.0)
+    )
     ids, mask = _prompts(tok, ["x\n"])
-    gen = generate(model, ids, mask, group_size=4, max_new_tokens=8, temperature=1.0, top_p=1.0,
-                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seeds=[0])
+    gen = generate(
+        model,
+        ids,
+        mask,
+        group_size=4,
+        max_new_tokens=8,
+        temperature=1.0,
+        top_p=1.0,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        seeds=[0],
+    )
     handle.remove()
     assert gen.completion_ids.shape[1] == 1 and gen.lengths.tolist() == [1, 1, 1, 1] and not gen.truncated.any()
 
@@ -67,8 +89,14 @@ def test_eos_forced_rows_stop():
 def test_sampling_is_seeded_per_prompt_and_independent_of_batch():
     """Prompt p's samples depend only on its seed: same seed -> same samples, alone or batched with others."""
     model, tok = _policy()
-    kw = dict(group_size=4, max_new_tokens=10, temperature=1.0, top_p=1.0, eos_token_id=tok.eos_token_id,
-              pad_token_id=tok.pad_token_id)
+    kw = dict(
+        group_size=4,
+        max_new_tokens=10,
+        temperature=1.0,
+        top_p=1.0,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     ids, mask = _prompts(tok, ["nums 1 2 target 3\n", "q\n"])
     both = generate(model, ids, mask, seeds=[sample_seed(0, 5, 0), sample_seed(0, 5, 1)], **kw)
     ids1, mask1 = _prompts(tok, ["nums 1 2 target 3\n"])
@@ -83,11 +111,28 @@ def test_sampler_logprobs_match_the_training_forward():
     """KV-cached sampling with left padding gives the same per-token log-probs as one full forward pass."""
     model, tok = _policy()
     ids, mask = _prompts(tok, ["nums 11 2 3 target 7\n", "a\n", "hello there\n"])
-    gen = generate(model, ids, mask, group_size=2, max_new_tokens=10, temperature=0.7, top_p=1.0,
-                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, seeds=[3, 4, 5])
+    gen = generate(
+        model,
+        ids,
+        mask,
+        group_size=2,
+        max_new_tokens=10,
+        temperature=0.7,
+        top_p=1.0,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        seeds=[3, 4, 5],
+    )
     with torch.no_grad():
-        logp, ent = completion_logprobs(model, ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0),
-                                        gen.completion_ids, gen.mask, temperature=0.7, with_entropy=True)
+        logp, ent = completion_logprobs(
+            model,
+            ids.repeat_interleave(2, 0),
+            mask.repeat_interleave(2, 0),
+            gen.completion_ids,
+            gen.mask,
+            temperature=0.7,
+            with_entropy=True,
+        )
     gap = ((logp - gen.sampler_logp).abs() * gen.mask).max().item()
     assert gap < 1e-5, gap
     assert ent.shape == logp.shape and torch.all(ent >= 0)
@@ -96,8 +141,14 @@ def test_sampler_logprobs_match_the_training_forward():
 def test_greedy_is_deterministic_and_ignores_seeds():
     model, tok = _policy()
     ids, mask = _prompts(tok, ["nums 1 2 target 3\n"])
-    kw = dict(group_size=2, max_new_tokens=8, temperature=0.0, top_p=1.0, eos_token_id=tok.eos_token_id,
-              pad_token_id=tok.pad_token_id)
+    kw = dict(
+        group_size=2,
+        max_new_tokens=8,
+        temperature=0.0,
+        top_p=1.0,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     a, b = generate(model, ids, mask, seeds=[1], **kw), generate(model, ids, mask, seeds=[2], **kw)
     assert torch.equal(a.completion_ids, b.completion_ids)
     assert torch.equal(a.completion_ids[0], a.completion_ids[1])

@@ -18,10 +18,26 @@ from bench.config import compose
 from bench.train import resume, train
 
 STEP_METRICS = [
-    "reward/mean", "reward/std", "reward/format", "rollout/accuracy", "rollout/completion_len_mean",
-    "rollout/completion_len_max", "rollout/truncated_frac", "rollout/zero_var_group_frac", "loss/total",
-    "loss/policy", "stats/kl", "stats/clip_frac", "stats/entropy", "stats/grad_norm", "stats/lr",
-    "rollout/samples_seen", "rollout/tokens_generated", "time/generation", "time/scoring", "time/update",
+    "reward/mean",
+    "reward/std",
+    "reward/format",
+    "rollout/accuracy",
+    "rollout/completion_len_mean",
+    "rollout/completion_len_max",
+    "rollout/truncated_frac",
+    "rollout/zero_var_group_frac",
+    "loss/total",
+    "loss/policy",
+    "stats/kl",
+    "stats/clip_frac",
+    "stats/entropy",
+    "stats/grad_norm",
+    "stats/lr",
+    "rollout/samples_seen",
+    "rollout/tokens_generated",
+    "time/generation",
+    "time/scoring",
+    "time/update",
     "stats/nonfinite_skipped",
 ]
 EVAL_METRICS = ["eval/accuracy", "eval/reward_mean", "eval/completion_len_mean"]
@@ -60,13 +76,17 @@ def test_grpo_run_is_tracked_in_mlflow(small, store):
     assert "eval/samples_step_000000.json" in tables, tables
     table = json.loads(Path(client.download_artifacts(result.run_id, "eval/samples_step_000000.json")).read_text())
     assert set(table["columns"]) >= {"prompt", "completion", "score"}, table["columns"]
-    assert (result.run_dir / "final" / "config.json").exists() and (result.run_dir / "checkpoints" / "last.ckpt").exists()
+    assert (result.run_dir / "final" / "config.json").exists() and (
+        result.run_dir / "checkpoints" / "last.ckpt"
+    ).exists()
 
 
 def _metrics(uri: str, run_id: str) -> dict:
     client = MlflowClient(tracking_uri=uri)
     keys = client.get_run(run_id).data.metrics.keys()
-    return {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in keys if not k.startswith("time/")}
+    return {
+        k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in keys if not k.startswith("time/")
+    }
 
 
 def test_same_seed_gives_identical_metrics(small, store):
@@ -90,21 +110,37 @@ def test_sft_warm_start_is_trained_once_and_reused(small, store, capsys):
     cached = list((store["dir"] / "cache" / "sft").glob("countdown-tiny-s11-*"))
     assert len(cached) == 1 and (cached[0] / "DONE").exists(), cached
     client = MlflowClient(tracking_uri=store["uri"])
-    sft_runs = client.search_runs([client.get_experiment_by_name("creditbench").experiment_id],
-                                  "attributes.run_name = 'countdown-sft-s11'")
+    sft_runs = client.search_runs(
+        [client.get_experiment_by_name("creditbench").experiment_id], "attributes.run_name = 'countdown-sft-s11'"
+    )
     assert len(sft_runs) == 1, [r.info.run_id for r in sft_runs]
 
 
-def test_sigterm_checkpoints_marks_killed_and_resumes(store, tmp_path):
-    """SIGTERM mid-run: checkpoint saved, MLflow run KILLED; resume= continues the same run to FINISHED."""
+@pytest.mark.parametrize("sig,tag", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "KeyboardInterrupt")])
+def test_interrupt_checkpoints_marks_killed_and_resumes(store, tmp_path, sig, tag):
+    """SIGTERM or Ctrl-C mid-run: checkpoint saved, MLflow run KILLED, non-zero exit; resume= continues the same
+    MLflow run to FINISHED with every step logged exactly once."""
     from tests.conftest import SMALL
 
     out = tmp_path / "runs"
-    args = [*SMALL, "trainer.max_steps=400", "trainer.eval_every=1000", "trainer.checkpoint_every=1000",
-            f"tracking.tracking_uri={store['uri']}", f"output_dir={out}", f"cache_dir={tmp_path / 'cache'}"]
+    args = [
+        *SMALL,
+        "trainer.max_steps=400",
+        "trainer.eval_every=1000",
+        "trainer.checkpoint_every=1000",
+        f"tracking.tracking_uri={store['uri']}",
+        f"output_dir={out}",
+        f"cache_dir={tmp_path / 'cache'}",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "bench", "train", "algorithm=grpo", "task=countdown", *args],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench", "train", "algorithm=grpo", "task=countdown", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 120
     run_dir = None
     while time.time() < deadline and run_dir is None:
@@ -116,12 +152,12 @@ def test_sigterm_checkpoints_marks_killed_and_resumes(store, tmp_path):
     client = MlflowClient(tracking_uri=store["uri"])
     while time.time() < deadline and not client.get_metric_history(run_id, "reward/mean"):
         time.sleep(0.5)  # wait until at least one training step has been logged
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0, output[-2000:]
     run = client.get_run(run_id)
     assert run.info.status == "KILLED", (run.info.status, output[-2000:])
-    assert "SIGTERM" in run.data.tags.get("interrupted", ""), run.data.tags
+    assert tag in run.data.tags.get("interrupted", ""), run.data.tags
     assert (run_dir / "checkpoints" / "last.ckpt").exists(), output[-2000:]
     steps_before = [m.step for m in client.get_metric_history(run_id, "reward/mean")]
     stop = max(steps_before) + 2
@@ -131,3 +167,44 @@ def test_sigterm_checkpoints_marks_killed_and_resumes(store, tmp_path):
     assert run.info.status == "FINISHED", run.info.status
     steps = [m.step for m in client.get_metric_history(run_id, "reward/mean")]
     assert steps == list(range(stop)), steps  # no step lost, none repeated
+
+
+NAN_ALGORITHM = '''
+import torch
+from algorithms.grpo import GRPO
+
+
+class NanOnFirstStep(GRPO):
+    """GRPO whose loss is NaN on rollout step 0 only."""
+
+    def loss(self, rows, logp, norm):
+        loss, stats = super().loss(rows, logp, norm)
+        return (loss * float("nan") if self.step_count == 0 else loss), stats
+'''
+
+
+@pytest.fixture
+def include_dir(tmp_path):
+    from bench.registry import ALGORITHMS
+
+    d = tmp_path / "extra"
+    d.mkdir()
+    yield d
+    if d.resolve() in ALGORITHMS.dirs:
+        ALGORITHMS.dirs.remove(d.resolve())
+        ALGORITHMS._classes = None
+
+
+def test_nonfinite_loss_skips_the_update_and_continues(small, store, include_dir):
+    """A NaN loss skips that optimizer step (weights untouched), is counted in stats/nonfinite_skipped, and the run
+    goes on to finish."""
+    from bench.registry import ALGORITHMS
+
+    (include_dir / "nan_on_first.py").write_text(NAN_ALGORITHM)
+    ALGORITHMS.include(include_dir)
+    result = train(compose(["algorithm=nan_on_first", "task=countdown", "algorithm.beta=0", *small]))
+    client = MlflowClient(tracking_uri=store["uri"])
+    assert client.get_run(result.run_id).info.status == "FINISHED"
+    skipped = [m.value for m in client.get_metric_history(result.run_id, "stats/nonfinite_skipped")]
+    steps = [m.value for m in client.get_metric_history(result.run_id, "stats/optimizer_steps")]
+    assert skipped == [1, 1] and steps == [0, 1], (skipped, steps)
