@@ -58,10 +58,6 @@ class PolicyModule(L.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-    def transfer_batch_to_device(self, batch: dict, device, dataloader_idx: int) -> dict:
-        # Only tensors move; Example records stay as they are (Lightning refuses to walk frozen dataclasses).
-        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
     # ---- bookkeeping --------------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["bench"] = {

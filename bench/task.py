@@ -161,6 +161,10 @@ class Task(L.LightningDataModule):
             mask[i, :n] = 1
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
+    def transfer_batch_to_device(self, batch: dict, device, dataloader_idx: int) -> dict:
+        # Only tensors move; Example records stay as they are (Lightning refuses to walk frozen dataclasses).
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
     def train_dataloader(self) -> DataLoader:
         if self.train_stream == "demonstrations":
             stream = _Stream(self.demonstrations(), self.batch_size, self.seed, self)

@@ -208,3 +208,31 @@ def test_nonfinite_loss_skips_the_update_and_continues(small, store, include_dir
     skipped = [m.value for m in client.get_metric_history(result.run_id, "stats/nonfinite_skipped")]
     steps = [m.value for m in client.get_metric_history(result.run_id, "stats/optimizer_steps")]
     assert skipped == [1, 1] and steps == [0, 1], (skipped, steps)
+
+
+def test_sanitize_metric_names():
+    """Metric keys MLflow would reject are rewritten to valid ones."""
+    from bench.tracking import sanitize
+
+    assert sanitize("eval/pass@1") == "eval/pass_at_1"
+    assert sanitize("reward/f(x)") == "reward/f_x_"
+    assert sanitize("time/update s-1.5") == "time/update s-1.5"
+
+
+def test_grpo_with_lora_and_qwen2_tiny(small, store):
+    """GRPO trains with a LoRA adapter on a Qwen2-style tiny model; the reference is the adapter-disabled network and
+    only adapter weights change."""
+    args = ["algorithm=grpo", "task=countdown", "model.arch=qwen2", "model.lora.enabled=true", "optim.lr=1e-2", *small]
+    result = train(compose(args))
+    run = MlflowClient(tracking_uri=store["uri"]).get_run(result.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["model.lora.enabled"] == "True"
+    assert (result.run_dir / "final" / "adapter_config.json").exists(), list((result.run_dir / "final").iterdir())
+    assert "stats/kl" in run.data.metrics and run.data.metrics["stats/kl"] >= 0
+
+
+def test_local_model_folder_as_policy(small, store):
+    """model.name_or_path accepts a local HF folder (here the final policy of a previous run)."""
+    first = train(compose(["algorithm=sft", "task=countdown", *small]))
+    folder = first.run_dir / "final"
+    result = train(compose(["algorithm=grpo", "task=countdown", f"model.name_or_path={folder}", *small]))
+    assert result.first_eval["eval/accuracy"] == first.last_eval["eval/accuracy"], "same weights, same greedy eval"
