@@ -6,7 +6,9 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 # Real datasets for the tasks and data tests: ../shared/data when present (override with BENCH_DATA=...).
 BENCH_DATA ?= $(abspath $(wildcard ../shared/data))
+ifneq ($(strip $(BENCH_DATA)),)
 export BENCH_DATA
+endif
 PYTEST_ARGS ?=
 
 .PHONY: install run test test-slow seeds ui lint format clean

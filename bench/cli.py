@@ -32,7 +32,7 @@ def cmd_list() -> None:
     for title, reg in (("algorithms", ALGORITHMS), ("tasks", TASKS)):
         print(f"{title}:")
         for name, cls in sorted(reg.classes().items()):
-            print(f"  {name:<14} {getattr(cls, 'description', '')}")
+            print(f"  {name:<22} {getattr(cls, 'description', '')}")
 
 
 def cmd_train(args: list[str]) -> None:

@@ -183,7 +183,7 @@ def _yaml(path: Path) -> DictConfig:
 
 
 def split_args(args: list[str]) -> tuple[dict[str, str], list[str]]:
-    """`algorithm=grpo` selects a group; `algorithm.clip_eps=0.3` overrides a key."""
+    """`algorithm=grpo` selects a group; `algorithm.beta=0` overrides a key."""
     selected, overrides = {}, []
     for a in args:
         if "=" not in a:
@@ -226,6 +226,10 @@ def compose(args: list[str] = (), base: Path = CONF) -> DictConfig:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise ConfigError(f"config interpolation failed: {e}") from None
+    try:
+        OmegaConf.to_object(cfg)  # runs each dataclass's __post_init__ checks (cross-field constraints)
+    except (ValueError, OmegaConfBaseException) as e:
+        raise ConfigError(f"invalid config: {e}") from None
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

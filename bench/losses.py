@@ -117,3 +117,59 @@ def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor
     """[P] bool: groups whose rewards are all equal (they carry no group-relative signal)."""
     r = rewards.view(-1, group_size)
     return (r == r[:, :1]).all(-1)
+
+
+def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's s_i = exp((1/L_i) Σ_t m ℓ_{i,t}), the length-normalised sequence ratio ([B, T] -> [B])."""
+    return torch.exp(masked_mean(logp - old_logp, mask, dim=-1))
+
+
+def sequence_token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO-token's s_{i,t} = sg[s_i] · π_θ(y_t) / sg[π_θ(y_t)]: the value of s_i, the gradient of a token ratio
+    ([B, T] -> [B, T])."""
+    s = sequence_ratio(logp, old_logp, mask).detach().unsqueeze(-1)
+    return s * token_ratio(logp, logp.detach(), mask)
+
+
+def sapo_gate(ratio: torch.Tensor, adv: torch.Tensor, tau_pos: float, tau_neg: float) -> torch.Tensor:
+    """SAPO's soft trust region f_τ(ρ)·A with f_τ(ρ) = (4/τ)·σ(τ(ρ − 1)), τ = τ_pos if A > 0 else τ_neg.
+    df/dρ at ρ = 1 is 1, so on-policy it is the plain policy gradient."""
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    return (4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * adv
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """A_i = R_i − mean_{j≠i} R_j = G/(G−1)·(R_i − mean_g R) (Ahmadian et al. 2024) ([B] -> [B])."""
+    assert group_size > 1, "RLOO needs at least 2 samples per prompt"
+    centred = group_advantages(rewards, group_size, scale="none")
+    return centred * group_size / (group_size - 1)
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, shift_mean: bool = True) -> torch.Tensor:
+    """(x − mean)/(std + eps) with token-weighted statistics over the unmasked entries of the whole batch
+    (REINFORCE++'s global normalisation). Population std."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean).square(), mask)
+    out = (x - mean) if shift_mean else x
+    return torch.where(mask.bool(), out / (var.sqrt() + eps), torch.zeros_like(x))
+
+
+def return_to_go(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Undiscounted Σ_{s≥t} r_s over unmasked tokens ([B, T] -> [B, T])."""
+    r = torch.where(mask.bool(), token_rewards, torch.zeros_like(token_rewards))
+    return torch.where(mask.bool(), r.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(r))
+
+
+def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence's score on its last unmasked token ([B], [B, T] -> [B, T])."""
+    last = (mask.sum(-1).long() - 1).clamp(min=0)  # masks are prefixes
+    out = torch.zeros_like(mask, dtype=scores.dtype)
+    return out.scatter(-1, last.unsqueeze(-1), scores.unsqueeze(-1)) * (mask.sum(-1, keepdim=True) > 0)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment: 0 up to L_max − L_cache, then linear down to −1 at L_max, −1 beyond."""
+    if buffer <= 0:
+        return torch.where(lengths > max_len, -1.0, 0.0)
+    start = max_len - buffer
+    return (-(lengths.float() - start) / buffer).clamp(min=-1.0, max=0.0)

@@ -17,7 +17,7 @@ import lightning as L
 import torch
 import torchmetrics
 
-from bench.losses import Norm, zero_variance_groups
+from bench.losses import Norm, terminal_rewards, zero_variance_groups
 from bench.policy import Reference, completion_logprobs
 from bench.rollout import Rollout, generate, sample_seed
 
@@ -166,6 +166,8 @@ class RLModule(PolicyModule):
         self.samples_seen = 0
         self.tokens_generated = 0
         self.nonfinite_skipped = 0
+        self.extra_tokens = 0  # tokens generated this step outside the trained groups (e.g. ReMax's greedy baseline)
+        self.timer: dict[str, float] = defaultdict(float)
 
     # ---- what an algorithm declares ------------------------------------------------------------------------------
     def advantages(self, rollout: Rollout) -> torch.Tensor:
@@ -190,29 +192,35 @@ class RLModule(PolicyModule):
         self.samples_seen, self.tokens_generated = state["samples_seen"], state["tokens_generated"]
         self.nonfinite_skipped = state["nonfinite_skipped"]
 
-    def make_rollout(self, batch: dict) -> Rollout:
+    # ---- hooks with defaults (the critic-free family in bench/objective.py overrides them from its choices) -------
+    @property
+    def needs_greedy_baseline(self) -> bool:
+        """Score one greedy completion per prompt into ``rollout.baseline`` (ReMax)."""
+        return False
+
+    def keep_groups(self, ro: Rollout) -> torch.Tensor | None:
+        """[P] bool: groups to train on; None keeps all. Dropped groups are replaced by freshly sampled prompts."""
+        return None
+
+    max_sampling_rounds: int = 1
+
+    def shape_rewards(self, ro: Rollout) -> None:
+        """Set ``ro.rewards`` [B] and ``ro.token_rewards`` [B, T] from ``ro.scores`` (after log-probs are known)."""
+        ro.rewards = ro.scores
+        ro.token_rewards = terminal_rewards(ro.scores, ro.mask)
+
+    # ---- the step -----------------------------------------------------------------------------------------------
+    def make_rollout(self, batch: dict, round: int = 0) -> Rollout:
         r = self.cfg.rollout
         G = r.group_size
         P = len(batch["examples"])
-        # NOTE: seeds depend on (run seed, step, position in the step's batch); the batch itself is a pure function
-        # of (seed, step), so a run and its resumption sample identical completions.
-        seeds = [sample_seed(self.cfg.seed, self.step_count, p) for p in range(P)]
-        was_training = self.policy.training
-        self.policy.eval()
-        gen = generate(
-            self.policy,
-            batch["prompt_ids"],
-            batch["prompt_mask"],
-            group_size=G,
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id,
-            seeds=seeds,
-        )
-        self.policy.train(was_training)
-        return Rollout(
+        # Seeds depend on (run seed, step, [resampling round,] position in the step's batch); the batch itself is a
+        # pure function of (seed, step), so a run and its resumption sample identical completions.
+        key = (self.step_count,) if round == 0 else (self.step_count, "round", round)
+        seeds = [sample_seed(self.cfg.seed, *key, p) for p in range(P)]
+        t0 = time.perf_counter()
+        gen = self.sample(batch, G, r.temperature, seeds)
+        ro = Rollout(
             examples=batch["examples"],
             prompt_ids=batch["prompt_ids"].repeat_interleave(G, 0),
             prompt_mask=batch["prompt_mask"].repeat_interleave(G, 0),
@@ -224,14 +232,79 @@ class RLModule(PolicyModule):
             texts=self.decode(gen.completion_ids, gen.mask),
             group_size=G,
         )
+        t1 = time.perf_counter()
+        self.score(ro)
+        self.timer["generation"] += t1 - t0
+        self.timer["scoring"] += time.perf_counter() - t1
+        if self.needs_greedy_baseline:
+            t0 = time.perf_counter()
+            greedy = self.sample(batch, 1, 0.0, seeds)
+            t1 = time.perf_counter()
+            texts = self.decode(greedy.completion_ids, greedy.mask)
+            base = [self.task.reward(ex, t).score for ex, t in zip(batch["examples"], texts, strict=True)]
+            ro.baseline = torch.tensor(base, device=self.device).repeat_interleave(G)
+            self.extra_tokens += int(greedy.lengths.sum())
+            self.timer["generation"] += t1 - t0
+            self.timer["scoring"] += time.perf_counter() - t1
+        return ro
+
+    def sample(self, batch: dict, group_size: int, temperature: float, seeds: list[int]):
+        r = self.cfg.rollout
+        was_training = self.policy.training
+        self.policy.eval()
+        gen = generate(
+            self.policy,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            group_size=group_size,
+            max_new_tokens=r.max_new_tokens,
+            temperature=temperature,
+            top_p=r.top_p,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+            seeds=seeds,
+        )
+        self.policy.train(was_training)
+        return gen
 
     def score(self, ro: Rollout) -> None:
         G = ro.group_size
         results = [self.task.reward(ro.examples[i // G], text) for i, text in enumerate(ro.texts)]
-        ro.rewards = torch.tensor([res.score for res in results], dtype=torch.float32, device=self.device)
+        ro.scores = torch.tensor([res.score for res in results], dtype=torch.float32, device=self.device)
         ro.correct = torch.tensor([self.task.is_correct(res) for res in results], device=self.device)
         names = sorted({k for res in results for k in res.components})
         ro.components = {k: torch.tensor([res.components.get(k, 0.0) for res in results]) for k in names}
+
+    def collect(self, batch: dict) -> tuple[Rollout, dict[str, float], Rollout]:
+        """Generate and score P groups; with a group filter (DAPO's dynamic sampling), keep sampling fresh prompts
+        until P groups pass or ``max_sampling_rounds`` is reached. Every generated token counts towards the cost."""
+        P = len(batch["examples"])
+        parts, kept, generated, rounds = [], 0, [], 0
+        while kept < P and rounds < self.max_sampling_rounds:
+            if rounds > 0:
+                batch = self.trainer.datamodule.transfer_batch_to_device(
+                    self.task.sample_prompts(P, (self.cfg.seed, self.step_count, rounds)), self.device, 0
+                )
+            ro = self.make_rollout(batch, rounds)
+            generated.append(ro)
+            keep = self.keep_groups(ro)
+            if keep is not None:
+                keep = keep & (keep.cumsum(0) <= P - kept)  # never more than P groups in all
+                ro = ro.select_groups(keep)
+            parts.append(ro)
+            kept += ro.num_groups
+            rounds += 1
+        ro = Rollout.concat(parts)
+        everything = Rollout.concat(generated)
+        stats = {
+            "rollout/sampling_rounds": rounds,
+            "rollout/groups_kept": kept,
+            "rollout/generated_samples": everything.size,
+            "rollout/generated_tokens": int(everything.lengths.sum()),
+        }
+        self.samples_seen += everything.size
+        self.tokens_generated += int(everything.lengths.sum())
+        return ro, stats, everything
 
     @torch.no_grad()
     def behaviour_logprobs(self, ro: Rollout) -> None:
@@ -251,39 +324,46 @@ class RLModule(PolicyModule):
 
     def training_step(self, batch: dict, batch_idx: int):
         t0 = time.perf_counter()
-        ro = self.make_rollout(batch)
+        self.extra_tokens = 0
+        self.timer = defaultdict(float)
+        ro, collect_stats, everything = self.collect(batch)
         t1 = time.perf_counter()
-        self.score(ro)
+        stats: dict[str, float] = {}
+        if ro.size > 0:
+            self.behaviour_logprobs(ro)
+            self.shape_rewards(ro)
+            ro.adv = self.advantages(ro)
+            stats = self.update(ro)
         t2 = time.perf_counter()
-        self.behaviour_logprobs(ro)
-        ro.adv = self.advantages(ro)
-        stats = self.update(ro)
-        t3 = time.perf_counter()
-        self.samples_seen += ro.size
-        self.tokens_generated += int(ro.lengths.sum())
+        self.tokens_generated += self.extra_tokens
         G = ro.group_size
+        # reward/ and rollout/ statistics describe every generated sample (what the policy did), not only the kept ones
         m = {
-            "reward/mean": ro.rewards.mean(),
-            "reward/std": ro.rewards.std() if ro.size > 1 else 0.0,
-            "rollout/accuracy": ro.correct.float().mean(),
-            "rollout/completion_len_mean": ro.lengths.float().mean(),
-            "rollout/completion_len_max": ro.lengths.max(),
-            "rollout/truncated_frac": ro.truncated.float().mean(),
-            "rollout/zero_var_group_frac": zero_variance_groups(ro.rewards, G).float().mean(),
+            "reward/mean": everything.scores.mean(),
+            "reward/std": everything.scores.std() if everything.size > 1 else 0.0,
+            "rollout/accuracy": everything.correct.float().mean(),
+            "rollout/completion_len_mean": everything.lengths.float().mean(),
+            "rollout/completion_len_max": everything.lengths.max(),
+            "rollout/truncated_frac": everything.truncated.float().mean(),
+            "rollout/zero_var_group_frac": zero_variance_groups(everything.scores, G).float().mean(),
             "rollout/samples_seen": self.samples_seen,
             "rollout/tokens_generated": self.tokens_generated,
-            "rollout/sampler_logp_gap_max": ((ro.sampler_logp - ro.old_logp).abs() * ro.mask).max(),
+            "rollout/trained_samples": ro.size,
             "stats/nonfinite_skipped": self.nonfinite_skipped,
-            "time/generation": t1 - t0,
-            "time/scoring": t2 - t1,
-            "time/update": t3 - t2,
-            "time/step": t3 - t0,
+            "time/generation": self.timer["generation"],
+            "time/scoring": self.timer["scoring"],
+            "time/update": t2 - t1,
+            "time/step": t2 - t0,
         }
-        m.update({f"reward/{k}": v.mean() for k, v in ro.components.items()})
+        if ro.size > 0:
+            m["rollout/sampler_logp_gap_max"] = ((ro.sampler_logp - ro.old_logp).abs() * ro.mask).max()
+            m["reward/shaped_mean"] = ro.rewards.mean()
+        m.update({f"reward/{k}": v.mean() for k, v in everything.components.items()})
+        m.update(collect_stats)
         m.update(stats)
         self.log_metrics(m)
-        self.log("reward", float(ro.rewards.mean()), prog_bar=True, logger=False)
-        self.log("acc", float(ro.correct.float().mean()), prog_bar=True, logger=False)
+        self.log("reward", float(everything.scores.mean()), prog_bar=True, logger=False)
+        self.log("acc", float(everything.correct.float().mean()), prog_bar=True, logger=False)
 
     def update(self, ro: Rollout) -> dict[str, float]:
         """ppo_epochs passes; each minibatch is one optimizer step whose loss denominators cover the whole
@@ -299,7 +379,8 @@ class RLModule(PolicyModule):
         for _ in range(t.ppo_epochs):
             order = torch.randperm(B, generator=gen) if mb_size < B else torch.arange(B)
             for mb in order.to(self.device).split(mb_size):
-                norm = Norm.of(ro.mask[mb], budget=r.max_new_tokens)
+                loss_mask = ro.mask if ro.loss_mask is None else ro.loss_mask
+                norm = Norm.of(loss_mask[mb], budget=r.max_new_tokens)
                 opt.zero_grad(set_to_none=True)
                 finite = True
                 step_stats: dict[str, float] = defaultdict(float)
@@ -310,7 +391,7 @@ class RLModule(PolicyModule):
                         rows["prompt_ids"],
                         rows["prompt_mask"],
                         rows["completion_ids"],
-                        rows["mask"],
+                        rows["completion_mask"],
                         r.temperature,
                         with_entropy=True,
                     )

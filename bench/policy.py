@@ -69,7 +69,7 @@ def load_policy(cfg: ModelConfig, seed: int, init_path: str | Path | None = None
         model = tiny_model(cfg, len(tokenizer), seed).to(dtype)
     else:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).train()  # HF loads in eval mode
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
@@ -99,6 +99,16 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter(-1, idx, sorted_p * keep)
 
 
+def _pad_cat(tensors: list[torch.Tensor], value, left: bool) -> torch.Tensor:
+    """Concatenate [n_k, T_k] tensors along rows, padding columns to the widest (on the left or the right)."""
+    width = max(t.shape[1] for t in tensors)
+    padded = []
+    for t in tensors:
+        pad = t.new_full((t.shape[0], width - t.shape[1]), value)
+        padded.append(torch.cat([pad, t], 1) if left else torch.cat([t, pad], 1))
+    return torch.cat(padded, 0)
+
+
 @dataclass
 class Rollout:
     """One rollout batch: P prompts x G completions, B = P*G rows, prompt p owns rows p*G .. p*G+G-1."""
@@ -107,15 +117,19 @@ class Rollout:
     prompt_ids: torch.Tensor  # [B, Tp] left-padded
     prompt_mask: torch.Tensor  # [B, Tp]
     completion_ids: torch.Tensor  # [B, T]
-    mask: torch.Tensor  # [B, T] float
+    mask: torch.Tensor  # [B, T] float: generated tokens (attention and lengths)
     sampler_logp: torch.Tensor  # [B, T]
     lengths: torch.Tensor  # [B]
     truncated: torch.Tensor  # [B] bool
     texts: list[str]  # [B] decoded completions
     group_size: int
-    rewards: torch.Tensor | None = None  # [B]
+    scores: torch.Tensor | None = None  # [B] task scores, as the task returned them
+    rewards: torch.Tensor | None = None  # [B] the scalar return the advantage sees (shaped: clip, penalties, KL)
+    token_rewards: torch.Tensor | None = None  # [B, T] per-token rewards (terminal score, KL in the reward)
     correct: torch.Tensor | None = None  # [B] bool
     components: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B]
+    baseline: torch.Tensor | None = None  # [B] e.g. ReMax's greedy-rollout reward
+    loss_mask: torch.Tensor | None = None  # [B, T] tokens that enter the loss (default: mask)
     old_logp: torch.Tensor | None = None  # [B, T]
     ref_logp: torch.Tensor | None = None  # [B, T]
     adv: torch.Tensor | None = None  # [B] or [B, T]
@@ -124,13 +138,60 @@ class Rollout:
     def size(self) -> int:
         return self.completion_ids.shape[0]
 
+    @property
+    def num_groups(self) -> int:
+        return self.size // self.group_size
+
+    def select_groups(self, keep: torch.Tensor) -> Rollout:
+        """The rollout restricted to the groups where ``keep`` [P] is True."""
+        rows = keep.repeat_interleave(self.group_size).nonzero().squeeze(-1)
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "examples":
+                v = [e for e, k in zip(v, keep.tolist(), strict=True) if k]
+            elif f.name == "texts":
+                v = [v[i] for i in rows.tolist()]
+            elif f.name == "components":
+                v = {k: t[rows.to(t.device)] for k, t in v.items()}
+            elif isinstance(v, torch.Tensor):
+                v = v[rows.to(v.device)]
+            out[f.name] = v
+        return Rollout(**out)
+
+    @staticmethod
+    def concat(parts: list[Rollout]) -> Rollout:
+        """Stack rollouts of the same group size (prompts re-padded on the left, completions on the right)."""
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        out = {}
+        for f in fields(first):
+            vals = [getattr(p, f.name) for p in parts]
+            if f.name in ("examples", "texts"):
+                out[f.name] = [x for v in vals for x in v]
+            elif f.name == "group_size":
+                out[f.name] = first.group_size
+            elif f.name == "components":
+                out[f.name] = {k: torch.cat([v[k] for v in vals]) for k in vals[0]}
+            elif vals[0] is None:
+                out[f.name] = None
+            elif vals[0].dim() == 2:  # padding is masked: its value never matters
+                out[f.name] = _pad_cat(vals, 0, left=f.name in ("prompt_ids", "prompt_mask"))
+            else:
+                out[f.name] = torch.cat(vals)
+        return Rollout(**out)
+
     def rows(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The tensors an algorithm's loss reads, for a subset of rows (a micro-batch)."""
+        """The tensors an algorithm's loss reads, for a subset of rows (a micro-batch). ``mask`` is the loss mask;
+        ``completion_mask`` the attention mask of the generated tokens."""
+        loss_mask = self.mask if self.loss_mask is None else self.loss_mask
         out = {
             "prompt_ids": self.prompt_ids[idx],
             "prompt_mask": self.prompt_mask[idx],
             "completion_ids": self.completion_ids[idx],
-            "mask": self.mask[idx],
+            "completion_mask": self.mask[idx],
+            "mask": loss_mask[idx],
             "rewards": self.rewards[idx],
             "old_logp": self.old_logp[idx],
             "adv": self.adv[idx],

@@ -161,6 +161,12 @@ class Task(L.LightningDataModule):
             mask[i, :n] = 1
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
+    def sample_prompts(self, n: int, key: tuple) -> dict:
+        """n train prompts drawn by a seeded RNG keyed by ``key`` (e.g. (seed, step, round)): extra prompts for
+        resampling (dynamic sampling), reproducible like the main stream."""
+        rng = random.Random("/".join(map(str, key)))
+        return self.collate_prompts(rng.sample(self.examples("train"), n))
+
     def transfer_batch_to_device(self, batch: dict, device, dataloader_idx: int) -> dict:
         # Only tensors move; Example records stay as they are (Lightning refuses to walk frozen dataclasses).
         return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

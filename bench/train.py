@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,10 +76,35 @@ class _StepProgressBar(TQDMProgressBar):
 
 
 class _Interrupted(Callback):
-    """Ctrl-C or SIGTERM: save the checkpoint and mark the MLflow run KILLED (Lightning alone would say FAILED)."""
+    """Ctrl-C or SIGTERM: save the checkpoint and mark the MLflow run KILLED (Lightning alone would say FAILED).
+
+    Both stop at a step boundary, so the checkpoint and the MLflow history agree (no step logged twice on resume):
+    Lightning defers SIGTERM itself; the first Ctrl-C is deferred here to the start of the next step, a second one
+    stops at once.
+    """
 
     def __init__(self, ckpt: Path, logger: BenchLogger):
         self.ckpt, self.logger = ckpt, logger
+        self.requested, self.previous = False, None
+
+    def _on_sigint(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\n[creditbench] Ctrl-C: stopping after this step (Ctrl-C again to stop now)", flush=True)
+
+    def on_train_start(self, trainer, pl_module):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def teardown(self, trainer, pl_module, stage):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
 
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
@@ -173,6 +200,8 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
         "mlflow.source.git.commit": git_commit(),
         "run_dir": str(run_dir),
     }
+    if hasattr(obj.algorithm, "choices"):  # the critic-free family's explicit choices, as tags for grouping in the UI
+        tags.update({f"choice.{k}": v for k, v in obj.algorithm.choices().items()})
     logger = BenchLogger(
         experiment_name=cfg.tracking.experiment,
         run_name=run_name,

@@ -13,15 +13,16 @@ def test_layering_order():
     cfg = compose(["algorithm=grpo", "task=countdown"])
     assert cfg.model.hidden_size == 128  # conf/model/tiny.yaml
     assert cfg.rollout.max_new_tokens == 32  # conf/task/countdown.yaml
-    assert cfg.rollout.group_size == 8 and cfg.optim.lr == 1e-4  # conf/algorithm/grpo.yaml
+    assert cfg.rollout.group_size == 8 and cfg.optim.lr == 1e-4  # conf/config.yaml
+    assert cfg.algorithm.beta == 0.04  # conf/algorithm/grpo.yaml
     cfg = compose(["algorithm=grpo", "task=countdown", "optim.lr=0.5", "rollout.group_size=3"])
     assert cfg.optim.lr == 0.5 and cfg.rollout.group_size == 3
 
 
 def test_unknown_key_names_nearest():
     """A misspelt key fails at start-up with its full name and the nearest valid key."""
-    with pytest.raises(ConfigError, match=r"algorithm\.clip_epss.*Did you mean 'algorithm\.clip_eps'"):
-        compose(["algorithm=grpo", "task=countdown", "algorithm.clip_epss=0.3"])
+    with pytest.raises(ConfigError, match=r"algorithm\.clip_eps_hihg.*Did you mean 'algorithm\.clip_eps_high'"):
+        compose(["algorithm=grpo", "task=countdown", "algorithm.clip_eps_hihg=0.3"])
     with pytest.raises(ConfigError, match=r"trainer\.max_step\b.*Did you mean 'trainer\.max_steps'"):
         compose(["algorithm=grpo", "task=countdown", "trainer.max_step=3"])
 
@@ -34,8 +35,8 @@ def test_wrong_type_names_key():
 
 def test_algorithm_fields_are_typed_per_algorithm():
     """Algorithm keys are validated against the selected algorithm's own dataclass."""
-    with pytest.raises(ConfigError, match=r"algorithm\.clip_eps"):
-        compose(["algorithm=sft", "task=countdown", "algorithm.clip_eps=0.2"])
+    with pytest.raises(ConfigError, match=r"algorithm\.clip_eps_low"):
+        compose(["algorithm=sft", "task=countdown", "algorithm.clip_eps_low=0.2"])
 
 
 def test_unknown_algorithm_and_task_list_available():

@@ -239,7 +239,7 @@ def test_grpo_gradient_is_zero_exactly_where_clipped(batch, data, eps):
     old_logp, rewards, mask, _ = batch
     B, T = old_logp.shape
     log_ratio = t64(data.draw(st.lists(st.floats(-1.5, 1.5), min_size=B * T, max_size=B * T))).view(B, T)
-    cfg = GRPOConfig(beta=0.0, clip_eps=eps)
+    cfg = GRPOConfig(beta=0.0, clip_eps_low=eps, clip_eps_high=eps)
     adv = grpo_advantages(rewards, 4, cfg)
     assume((adv != 0).all())
     logp = (old_logp + log_ratio).requires_grad_()

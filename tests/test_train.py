@@ -55,7 +55,7 @@ def test_grpo_run_is_tracked_in_mlflow(small, store):
         assert tags.get(k) == v, (k, tags.get(k))
     assert len(tags["git_commit"]) >= 7, tags["git_commit"]
     params = run.data.params
-    assert params["algorithm.clip_eps"] == "0.2" and params["rollout.group_size"] == "4", params
+    assert params["algorithm.clip_eps_low"] == "0.2" and params["rollout.group_size"] == "4", params
     assert params["algorithm.loss_agg"] == "seq-mean-token-mean" and params["algorithm.kl_estimator"] == "k3"
     for name in STEP_METRICS:
         hist = client.get_metric_history(result.run_id, name)

@@ -1,0 +1,39 @@
+"""GSPO-token (Zheng et al. 2025, arXiv 2507.18071, Eq. 13-14).
+
+    s_{i,t}(θ) = sg[s_i(θ)] · π_θ(y_{i,t}) / sg[π_θ(y_{i,t})]
+    ℒ = 1/G Σ_i 1/|y_i| Σ_t −min(s_{i,t} Â_{i,t}, clip(s_{i,t}, 1−ε_l, 1+ε_h) Â_{i,t})
+
+The value of the sequence ratio with a token's gradient: token-level advantages under a sequence-level trust region;
+equal to GSPO when Â is constant within a sequence. Choices: as GSPO with ratio=sequence_token.
+Reference: ../shared/docs/algorithms.md (GSPO-token, [framework]).
+
+Deviations from the paper
+# NOTE(deviation): as GSPO (4 minibatches per rollout in conf/algorithm/gspo_token.yaml).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench.losses import AggMode
+from bench.objective import Advantage, AdvScale, KLPlacement, PolicyGradient, PolicyGradientConfig, Ratio, TrustRegion
+
+
+@dataclass
+class GSPOTokenConfig(PolicyGradientConfig):
+    name: str = "gspo_token"
+    advantage: Advantage = "group"
+    adv_scale: AdvScale = "group_std"
+    ratio: Ratio = "sequence_token"
+    """s_{i,t}, Eq. 14"""
+    trust_region: TrustRegion = "clip"
+    clip_eps_low: float = 3e-4
+    clip_eps_high: float = 4e-4
+    loss_agg: AggMode = "seq-mean-token-mean"
+    kl_placement: KLPlacement = "none"
+    beta: float = 0.0
+
+
+class GSPOToken(PolicyGradient):
+    Config = GSPOTokenConfig
+    description = "GSPO-token (Zheng et al. 2025): sequence-ratio value, token gradient"
