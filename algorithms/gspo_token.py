@@ -15,23 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.losses import AggMode
-from bench.objective import Advantage, AdvScale, KLPlacement, PolicyGradient, PolicyGradientConfig, Ratio, TrustRegion
+from algorithms.gspo import GSPOConfig
+from bench.objective import PolicyGradient, Ratio
 
 
 @dataclass
-class GSPOTokenConfig(PolicyGradientConfig):
+class GSPOTokenConfig(GSPOConfig):
+    """GSPO's choices with the token-gradient ratio."""
+
     name: str = "gspo_token"
-    advantage: Advantage = "group"
-    adv_scale: AdvScale = "group_std"
     ratio: Ratio = "sequence_token"
     """s_{i,t}, Eq. 14"""
-    trust_region: TrustRegion = "clip"
-    clip_eps_low: float = 3e-4
-    clip_eps_high: float = 4e-4
-    loss_agg: AggMode = "seq-mean-token-mean"
-    kl_placement: KLPlacement = "none"
-    beta: float = 0.0
 
 
 class GSPOToken(PolicyGradient):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import lightning as L
@@ -64,6 +65,8 @@ class Task(L.LightningDataModule):
     Config: ClassVar[type[TaskConfig]] = TaskConfig
     version: ClassVar[str] = "0"
     description: ClassVar[str] = ""
+    hub_dataset: ClassVar[str | None] = None
+    """Public hub dataset id the task can load from when online (named in missing-data errors)."""
 
     def __init__(
         self,
@@ -84,6 +87,21 @@ class Task(L.LightningDataModule):
     # ---- data ---------------------------------------------------------------------------------------------------
     def load_split(self, split: Split) -> list[Example]:
         raise NotImplementedError
+
+    def data_file(self, *parts: str) -> Path:
+        """A file under the data root; a clear error naming the expected path and both ways to get the data."""
+        root = self.cfg.data_root
+        path = Path(root).expanduser().joinpath(*parts) if root else None
+        if path is None or not path.exists():
+            where = str(path) if path else "<data root>/" + "/".join(parts)
+            hub = f", or with network access install `datasets` and use the hub dataset {self.hub_dataset}" * bool(
+                self.hub_dataset
+            )
+            raise FileNotFoundError(
+                f"task {self.cfg.name!r} needs {where}, which does not exist. Set BENCH_DATA or task.data_root to the "
+                f"directory that holds {parts[0]}/ (in this project: ../shared/data){hub}."
+            )
+        return path
 
     def examples(self, split: Split) -> list[Example]:
         if split not in self._splits:
@@ -128,6 +146,17 @@ class Task(L.LightningDataModule):
 
     def is_correct(self, result: RewardResult) -> bool:
         return result.score >= self.cfg.correct_threshold
+
+    # ---- structure for fine-grained credit assignment (optional) -------------------------------------------------
+    def answer_span(self, completion: str) -> tuple[int, int] | None:
+        """Character span [start, end) of the final answer in a completion (e.g. the SQL block, the boxed answer);
+        None when there is none. Tokens outside it are the reasoning part."""
+        return None
+
+    def segment(self, completion: str) -> list[int] | None:
+        """Character offsets where natural segments (macro actions) of a completion start, first one 0; None when
+        the task has no natural segmenter."""
+        return None
 
     # ---- batches ------------------------------------------------------------------------------------------------
     def collate_prompts(self, examples: Sequence[Example]) -> dict:
