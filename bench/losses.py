@@ -148,10 +148,14 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, shift_mean: bool = True) -> torch.Tensor:
     """(x − mean)/(std + eps) with token-weighted statistics over the unmasked entries of the whole batch
     (REINFORCE++'s global normalisation). Population std."""
+    m = mask.bool()
     mean = masked_mean(x, mask)
     var = masked_mean((x - mean).square(), mask)
     out = (x - mean) if shift_mean else x
-    return torch.where(mask.bool(), out / (var.sqrt() + eps), torch.zeros_like(x))
+    out = torch.where(m, out / (var.sqrt() + eps), torch.zeros_like(x))
+    # A constant batch: x − mean is rounding error, which /(std + eps) would blow up into a same-sign push.
+    constant = bool(m.any()) and bool(x[m].max() == x[m].min())
+    return torch.zeros_like(x) if constant and shift_mean else out
 
 
 def return_to_go(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

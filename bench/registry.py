@@ -8,6 +8,7 @@ an error naming the file, never a silent skip. Unknown names fail with the avail
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -18,6 +19,14 @@ from bench import ROOT
 
 class RegistryError(LookupError):
     pass
+
+
+BASES = ("bench.module.PolicyModule", "bench.task.Task")
+
+
+def _import(path: str) -> type:
+    module, name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
 
 
 def did_you_mean(name: str, options: list[str]) -> str:
@@ -33,8 +42,7 @@ class Registry:
 
     @property
     def base(self) -> type:
-        module, name = self.base_path.rsplit(".", 1)
-        return getattr(importlib.import_module(module), name)
+        return _import(self.base_path)
 
     def include(self, directory: str | Path) -> None:
         d = Path(directory).resolve()
@@ -44,11 +52,12 @@ class Registry:
             self.dirs.append(d)
             self._classes = None
 
-    def _load(self, path: Path) -> type:
+    def _load(self, path: Path) -> type | None:
         in_package = path.parent == ROOT / self.package
-        modname = f"{self.package}.{path.stem}" if in_package else f"_bench_include_{self.package}_{path.stem}"
+        tag = hashlib.sha1(str(path.parent).encode()).hexdigest()[:8]
+        modname = f"{self.package}.{path.stem}" if in_package else f"_bench_include_{tag}_{path.stem}"
         try:
-            if in_package:
+            if in_package or modname in sys.modules:
                 module = importlib.import_module(modname)
             else:
                 spec = importlib.util.spec_from_file_location(modname, path)
@@ -63,6 +72,14 @@ class Registry:
             for v in vars(module).values()
             if isinstance(v, type) and issubclass(v, base) and v.__module__ == module.__name__
         ]
+        if not found and not in_package:
+            # an --include directory may hold algorithms and tasks side by side; a file that is neither is an error
+            bases = tuple(_import(b) for b in BASES)
+            if any(
+                isinstance(v, type) and issubclass(v, bases) and v.__module__ == module.__name__
+                for v in vars(module).values()
+            ):
+                return None
         if len(found) != 1:
             raise RegistryError(
                 f"{path} must define exactly one subclass of {base.__name__}; found {[c.__name__ for c in found]}"
@@ -78,7 +95,9 @@ class Registry:
                         continue
                     if path.stem in classes:
                         raise RegistryError(f"two {self.kind}s named {path.stem!r}: {path} and another directory")
-                    classes[path.stem] = self._load(path)
+                    cls = self._load(path)
+                    if cls is not None:
+                        classes[path.stem] = cls
             self._classes = classes
         return self._classes
 

@@ -144,6 +144,14 @@ class Task(L.LightningDataModule):
         """Pure, deterministic, bounded in time, never raises on model output."""
         raise NotImplementedError
 
+    def data_stats(self) -> dict[str, float]:
+        """Counts about the loaded data, logged as ``data/<name>`` at the start of a run (e.g. unscorable examples)."""
+        return {f"{split}_examples": len(exs) for split, exs in self._splits.items()}
+
+    def gold_completion(self, example: Example) -> str | None:
+        """A completion that must score 1 (the contract tests check it): the demonstration by default."""
+        return example.demonstration
+
     def is_correct(self, result: RewardResult) -> bool:
         return result.score >= self.cfg.correct_threshold
 

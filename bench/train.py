@@ -6,6 +6,7 @@ and final/ (the trained policy as an HF folder). ``resume=<run dir>`` continues 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import signal
@@ -142,17 +143,20 @@ def ensure_sft(cfg: DictConfig) -> Path:
     sft.init = "scratch"
     key = config_hash(sft, drop=_NOT_IN_KEY)
     target = _path(cfg.cache_dir) / "sft" / f"{cfg.task.name}-{cfg.model.name}-s{cfg.seed}-{key}"
-    if (target / "DONE").exists():
-        print(f"[creditbench] reusing SFT warm start {target}")
-        return target
-    print(f"[creditbench] training SFT warm start ({cfg.warm_start.max_steps} steps) -> {target}")
-    result = train(sft)
-    tmp = target.with_name(target.name + f".tmp{time.time_ns()}")
-    shutil.copytree(result.run_dir / "final", tmp)
-    (tmp / "DONE").write_text(json.dumps({"mlflow_run_id": result.run_id, "eval": result.last_eval}, indent=2))
-    if target.exists():  # another process finished the same warm start first
-        shutil.rmtree(tmp)
-    else:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One process trains a given warm start; concurrent runs (a sweep's workers) wait for it and reuse it.
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "DONE").exists():
+            print(f"[creditbench] reusing SFT warm start {target}")
+            return target
+        print(f"[creditbench] training SFT warm start ({cfg.warm_start.max_steps} steps) -> {target}")
+        result = train(sft)
+        tmp = target.with_name(target.name + f".tmp{time.time_ns()}")
+        shutil.copytree(result.run_dir / "final", tmp)
+        (tmp / "DONE").write_text(json.dumps({"mlflow_run_id": result.run_id, "eval": result.last_eval}, indent=2))
+        if target.exists():  # a leftover without DONE from a killed run
+            shutil.rmtree(target)
         tmp.rename(target)
     return target
 
@@ -168,7 +172,7 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
         raise ConfigError(f"init={cfg.init!r}: no such folder; use scratch, sft, or a path to an HF model folder")
     algo_cls, task_cls = ALGORITHMS.get(cfg.algorithm.name), TASKS.get(cfg.task.name)
     obj = OmegaConf.to_object(cfg)  # typed dataclasses: fast attribute access in the hot loop
-    policy, tokenizer = load_policy(obj.model, obj.seed, init_path and _path(str(init_path)))
+    policy, tokenizer = load_policy(obj.model, obj.seed, init_path and _path(str(init_path)), _path(obj.cache_dir))
     dm = task_cls(
         obj.task,
         tokenizer,
@@ -218,6 +222,9 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
     else:
         logger.experiment.update_run(run_id, status="RUNNING")
         logger.experiment.set_tag(run_id, "resumed", time.strftime("%Y-%m-%dT%H:%M:%S"))
+    dm.examples("train")
+    dm.eval_examples()
+    logger.log_metrics({f"data/{k}": v for k, v in dm.data_stats().items()}, step=0)
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     module.checkpoint_path = ckpt
     callbacks = [_Interrupted(ckpt, logger)]

@@ -9,8 +9,9 @@ from transformers import AutoModelForCausalLM
 
 from bench.config import compose
 from bench.objective import CHOICES, PolicyGradientConfig
-from bench.registry import ALGORITHMS
+from bench.registry import ALGORITHMS, TASKS
 from bench.train import train
+from tests.conftest import data_root
 
 RL = [n for n in ALGORITHMS.names() if issubclass(ALGORITHMS.get(n).Config, PolicyGradientConfig)]
 
@@ -67,3 +68,34 @@ def test_algorithm_trains_two_steps_and_logs_its_choices(name, store):
     trained = AutoModelForCausalLM.from_pretrained(result.run_dir / "final")
     delta = max((a - b).abs().max().item() for a, b in zip(init.parameters(), trained.parameters(), strict=True))
     assert delta > 0, f"{name}: no parameter changed after 2 steps"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", TASKS.names())
+@pytest.mark.parametrize("name", RL)
+def test_every_algorithm_trains_on_every_task(name, task, store):
+    """Each critic-free algorithm trains 2 steps on each task with the tiny model (finite loss, FINISHED run)."""
+    if task != "countdown" and data_root() is None:
+        pytest.skip("needs the data root (BENCH_DATA)")
+    args = [
+        f"algorithm={name}",
+        f"task={task}",
+        "model.hidden_size=32",
+        "model.num_layers=2",
+        "model.num_heads=2",
+        "model.intermediate_size=64",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=16",
+        "task.num_eval=4",
+        "trainer.max_steps=2",
+        "trainer.eval_every=100",
+        "trainer.progress_bar=false",
+        "train.minibatch_size=null",
+        *store["args"],
+    ]
+    result = train(compose(args))
+    client = MlflowClient(tracking_uri=store["uri"])
+    assert client.get_run(result.run_id).info.status == "FINISHED"
+    losses = [m.value for m in client.get_metric_history(result.run_id, "loss/total")]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses))), (name, task, losses)

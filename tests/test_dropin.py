@@ -1,0 +1,76 @@
+"""Drop-in tasks: the README's example task, written to a temporary directory and passed with --include, trains."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from mlflow.tracking import MlflowClient
+
+from bench import ROOT
+
+
+def readme_task_source() -> str:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- example-task -->\s*```python\n(.*?)```\s*<!-- /example-task -->", text, re.S)
+    assert block, "README.md lost its example task"
+    return block.group(1)
+
+
+def test_readme_example_task_trains_two_steps_via_include(tmp_path, store):
+    """The README's `reverse` task, dropped into a directory given with --include, warm-starts with SFT and trains
+    2 GRPO steps through the real CLI in a subprocess; the MLflow run is FINISHED with the task's tag."""
+    d = tmp_path / "mytasks"
+    d.mkdir()
+    (d / "reverse.py").write_text(readme_task_source())
+    args = [
+        sys.executable,
+        "-m",
+        "bench",
+        "train",
+        "--include",
+        str(d),
+        "algorithm=grpo",
+        "task=reverse",
+        "init=sft",
+        "warm_start.max_steps=5",
+        "trainer.max_steps=2",
+        "trainer.eval_every=100",
+        "trainer.progress_bar=false",
+        "task.num_eval=8",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "model.hidden_size=32",
+        "model.num_layers=2",
+        "model.num_heads=2",
+        "model.intermediate_size=64",
+        *store["args"],
+    ]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_id = re.search(r"MLflow run (\w+)", proc.stdout).group(1)
+    run = MlflowClient(tracking_uri=store["uri"]).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["task"] == "reverse", (run.info.status, run.data.tags)
+    listing = subprocess.run(
+        [sys.executable, "-m", "bench", "list", "--include", str(d)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "reverse" in listing.stdout and "Spell a random word backwards" in listing.stdout, listing.stdout
+
+
+def test_unknown_task_error_lists_available(tmp_path):
+    """An unknown task name exits with code 2 and an error listing the available tasks and a did-you-mean."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "train", "algorithm=grpo", "task=countdonw"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.returncode
+    assert "unknown task 'countdonw'" in proc.stderr and "Did you mean 'countdown'" in proc.stderr, proc.stderr
