@@ -63,7 +63,7 @@ def test_algorithm_trains_two_steps_and_logs_its_choices(name, store):
     for choice in CHOICES:
         assert f"algorithm.{choice}" in run.data.params, (choice, sorted(run.data.params))
         assert run.data.tags[f"choice.{choice}"] == run.data.params[f"algorithm.{choice}"], choice
-    (init_dir,) = (store["dir"] / "cache" / "sft").glob("countdown-tiny-s0-*")
+    (init_dir,) = [p for p in (store["dir"] / "cache" / "sft").glob("countdown-tiny-s0-*") if p.is_dir()]
     init = AutoModelForCausalLM.from_pretrained(init_dir)
     trained = AutoModelForCausalLM.from_pretrained(result.run_dir / "final")
     delta = max((a - b).abs().max().item() for a, b in zip(init.parameters(), trained.parameters(), strict=True))
