@@ -52,7 +52,8 @@ def cmd_train(args: list[str]) -> None:
 def cmd_main(args: list[str]) -> None:
     from bench.train import train
 
-    result = train(compose(MAIN_JOB + args))
+    cfg = compose(MAIN_JOB + args)
+    result = train(cfg)
     before, after = result.first_eval["eval/accuracy"], result.last_eval["eval/accuracy"]
     n = len(result.eval_history)
     print("\n" + "=" * 72)
@@ -60,7 +61,7 @@ def cmd_main(args: list[str]) -> None:
     print(f"  held-out greedy accuracy after SFT (before RL): {before:.3f}")
     print(f"  held-out greedy accuracy after GRPO:            {after:.3f}   ({n} evaluations logged)")
     print(f"  MLflow run: {result.run_id}")
-    print("  open the results: make ui   (then http://127.0.0.1:5000, experiment 'creditbench')")
+    print("  open the results: make ui   (then http://127.0.0.1:5000, experiment '{cfg.tracking.experiment}')")
     print("=" * 72)
 
 
