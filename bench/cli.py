@@ -61,7 +61,7 @@ def cmd_main(args: list[str]) -> None:
     print(f"  held-out greedy accuracy after SFT (before RL): {before:.3f}")
     print(f"  held-out greedy accuracy after GRPO:            {after:.3f}   ({n} evaluations logged)")
     print(f"  MLflow run: {result.run_id}")
-    print("  open the results: make ui   (then http://127.0.0.1:5000, experiment '{cfg.tracking.experiment}')")
+    print(f"  open the results: make ui   (then http://127.0.0.1:5000, experiment '{cfg.tracking.experiment}')")
     print("=" * 72)
 
 
