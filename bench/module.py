@@ -193,6 +193,9 @@ class RLModule(PolicyModule):
         self.nonfinite_skipped = state["nonfinite_skipped"]
 
     # ---- hooks with defaults (the critic-free family in bench/objective.py overrides them from its choices) -------
+    max_sampling_rounds: int = 1
+    """Generation rounds per step when ``keep_groups`` drops groups (1: no resampling)."""
+
     @property
     def needs_greedy_baseline(self) -> bool:
         """Score one greedy completion per prompt into ``rollout.baseline`` (ReMax)."""
@@ -201,8 +204,6 @@ class RLModule(PolicyModule):
     def keep_groups(self, ro: Rollout) -> torch.Tensor | None:
         """[P] bool: groups to train on; None keeps all. Dropped groups are replaced by freshly sampled prompts."""
         return None
-
-    max_sampling_rounds: int = 1
 
     def shape_rewards(self, ro: Rollout) -> None:
         """Set ``ro.rewards`` [B] and ``ro.token_rewards`` [B, T] from ``ro.scores`` (after log-probs are known)."""
@@ -379,8 +380,7 @@ class RLModule(PolicyModule):
         for _ in range(t.ppo_epochs):
             order = torch.randperm(B, generator=gen) if mb_size < B else torch.arange(B)
             for mb in order.to(self.device).split(mb_size):
-                loss_mask = ro.mask if ro.loss_mask is None else ro.loss_mask
-                norm = Norm.of(loss_mask[mb], budget=r.max_new_tokens)
+                norm = Norm.of(ro.train_mask[mb], budget=r.max_new_tokens)
                 opt.zero_grad(set_to_none=True)
                 finite = True
                 step_stats: dict[str, float] = defaultdict(float)

@@ -139,6 +139,11 @@ class Rollout:
         return self.completion_ids.shape[0]
 
     @property
+    def train_mask(self) -> torch.Tensor:
+        """[B, T] tokens that enter the loss: ``loss_mask`` when a truncation policy set one, else ``mask``."""
+        return self.mask if self.loss_mask is None else self.loss_mask
+
+    @property
     def num_groups(self) -> int:
         return self.size // self.group_size
 
@@ -185,7 +190,7 @@ class Rollout:
     def rows(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """The tensors an algorithm's loss reads, for a subset of rows (a micro-batch). ``mask`` is the loss mask;
         ``completion_mask`` the attention mask of the generated tokens."""
-        loss_mask = self.mask if self.loss_mask is None else self.loss_mask
+        loss_mask = self.train_mask
         out = {
             "prompt_ids": self.prompt_ids[idx],
             "prompt_mask": self.prompt_mask[idx],

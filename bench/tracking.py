@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-import tempfile
 from pathlib import Path
 
 from lightning.pytorch.loggers import MLFlowLogger
@@ -69,20 +68,5 @@ class BenchLogger(MLFlowLogger):
     def log_json(self, obj, artifact_file: str) -> None:
         self.log_text(json.dumps(obj, indent=2, default=str), artifact_file)
 
-    def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
-        self.experiment.log_artifact(self.run_id, str(path), artifact_path)
-
     def finalize(self, status: str = "success") -> None:
         super().finalize(self.status_override or status)
-
-    def log_dir_files(self, directory: Path, artifact_path: str) -> None:
-        for p in sorted(directory.iterdir()):
-            if p.is_file():
-                self.log_file(p, artifact_path)
-
-
-def tmp_text_file(text: str, name: str) -> Path:
-    d = Path(tempfile.mkdtemp())
-    p = d / name
-    p.write_text(text)
-    return p

@@ -194,14 +194,15 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
         run_dir = resume_dir
         run_id = json.loads((run_dir / "run.json").read_text())["mlflow_run_id"]
     uri = tracking_uri(cfg.tracking.tracking_uri)
+    commit = git_commit()  # two git subprocesses: run once
     tags = {
         "task": cfg.task.name,
         "algorithm": cfg.algorithm.name,
         "model": cfg.model.name,
         "seed": str(cfg.seed),
         "init": str(cfg.init),
-        "git_commit": git_commit(),
-        "mlflow.source.git.commit": git_commit(),
+        "git_commit": commit,
+        "mlflow.source.git.commit": commit,
         "run_dir": str(run_dir),
     }
     if hasattr(obj.algorithm, "choices"):  # the critic-free family's explicit choices, as tags for grouping in the UI
