@@ -131,6 +131,11 @@ def sequence_token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch
     return s * token_ratio(logp, logp.detach(), mask)
 
 
+def sequence_mean_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GRPO-S's sequence weight w_i = (1/L_i) Σ_t m ρ_{i,t}, the arithmetic mean of the token ratios ([B, T] -> [B])."""
+    return masked_mean(token_ratio(logp, old_logp, mask), mask, dim=-1)
+
+
 def sapo_gate(ratio: torch.Tensor, adv: torch.Tensor, tau_pos: float, tau_neg: float) -> torch.Tensor:
     """SAPO's soft trust region f_τ(ρ)·A with f_τ(ρ) = (4/τ)·σ(τ(ρ − 1)), τ = τ_pos if A > 0 else τ_neg.
     df/dρ at ρ = 1 is 1, so on-policy it is the plain policy gradient."""

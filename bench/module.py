@@ -36,6 +36,9 @@ class PolicyModule(L.LightningModule):
     """What the task's train dataloader yields: "prompts" (RL) or "demonstrations" (supervised)."""
     needs_reference: bool = False
     """Whether log π_ref is computed for each rollout (algorithms may make this a property of their config)."""
+    needs_entropy: bool = False
+    """Whether the full-vocabulary entropy of π_old per token is stored on each rollout (``Rollout.entropy``),
+    computed in the same forward as log π_old."""
 
     def __init__(self, cfg, policy, tokenizer, task):
         super().__init__()
@@ -168,6 +171,7 @@ class RLModule(PolicyModule):
         self.nonfinite_skipped = 0
         self.extra_tokens = 0  # tokens generated this step outside the trained groups (e.g. ReMax's greedy baseline)
         self.timer: dict[str, float] = defaultdict(float)
+        self.step_stats: dict[str, float] = {}  # diagnostics a hook computed this step (e.g. advantage statistics)
 
     # ---- what an algorithm declares ------------------------------------------------------------------------------
     def advantages(self, rollout: Rollout) -> torch.Tensor:
@@ -313,20 +317,24 @@ class RLModule(PolicyModule):
         log π_ref only when the algorithm needs it."""
         mb = self.cfg.train.micro_batch_size
         temp = self.cfg.rollout.temperature
-        old, ref = [], []
+        old, ref, ent = [], [], []
         for idx in torch.arange(ro.size, device=self.device).split(mb):
             args = (ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.mask[idx], temp)
-            old.append(completion_logprobs(self.policy, *args)[0])
+            logp, entropy = completion_logprobs(self.policy, *args, with_entropy=self.needs_entropy)
+            old.append(logp)
+            ent.append(entropy)
             if self.needs_reference:
                 with self.reference.model() as ref_model:
                     ref.append(completion_logprobs(ref_model, *args)[0])
         ro.old_logp = torch.cat(old)
+        ro.entropy = torch.cat(ent) if self.needs_entropy else None
         ro.ref_logp = torch.cat(ref) if ref else None
 
     def training_step(self, batch: dict, batch_idx: int):
         t0 = time.perf_counter()
         self.extra_tokens = 0
         self.timer = defaultdict(float)
+        self.step_stats = {}
         ro, collect_stats, everything = self.collect(batch)
         t1 = time.perf_counter()
         stats: dict[str, float] = {}
@@ -362,6 +370,7 @@ class RLModule(PolicyModule):
         m.update({f"reward/{k}": v.mean() for k, v in everything.components.items()})
         m.update(collect_stats)
         m.update(stats)
+        m.update(self.step_stats)
         self.log_metrics(m)
         self.log("reward", float(everything.scores.mean()), prog_bar=True, logger=False)
         self.log("acc", float(everything.correct.float().mean()), prog_bar=True, logger=False)

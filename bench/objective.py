@@ -7,7 +7,7 @@ algorithm's name.
 
     advantage     none | batch_mean | rloo | group | gpg | reinforce_pp | reinforce_pp_baseline | greedy_baseline
     adv_scale     none | group_std | batch_std            (divisor of the group-centred reward, for group / gpg)
-    ratio         none (plain log π) | token | sequence (GSPO) | sequence_token (GSPO-token)
+    ratio         none (plain log π) | token | sequence (GSPO) | sequence_token (GSPO-token) | sequence_mean (GRPO-S)
     trust_region  none | clip (ε_low, ε_high; symmetric when equal; a sequence clip with ratio=sequence) | sapo
     loss_agg      token-mean | seq-mean-token-mean | seq-mean-token-sum | constant-normalised
     kl_placement  none | reward | loss ;  kl_estimator k1 | k2 | k3 ;  beta
@@ -31,7 +31,7 @@ Advantage = Literal[
     "none", "batch_mean", "rloo", "group", "gpg", "reinforce_pp", "reinforce_pp_baseline", "greedy_baseline"
 ]
 AdvScale = Literal["none", "group_std", "batch_std"]
-Ratio = Literal["none", "token", "sequence", "sequence_token"]
+Ratio = Literal["none", "token", "sequence", "sequence_token", "sequence_mean"]
 TrustRegion = Literal["none", "clip", "sapo"]
 KLPlacement = Literal["none", "reward", "loss"]
 Truncation = Literal["keep", "mask", "overlong_penalty"]
@@ -151,6 +151,7 @@ RATIOS: dict[str, Callable] = {
     "token": L.token_ratio,
     "sequence": lambda logp, old, m: L.sequence_ratio(logp, old, m).unsqueeze(-1).expand_as(logp),
     "sequence_token": L.sequence_token_ratio,
+    "sequence_mean": lambda logp, old, m: L.sequence_mean_ratio(logp, old, m).unsqueeze(-1).expand_as(logp),
 }
 
 

@@ -132,6 +132,8 @@ class Rollout:
     loss_mask: torch.Tensor | None = None  # [B, T] tokens that enter the loss (default: mask)
     old_logp: torch.Tensor | None = None  # [B, T]
     ref_logp: torch.Tensor | None = None  # [B, T]
+    entropy: torch.Tensor | None = None  # [B, T] full-vocabulary entropy of π_old (when an algorithm needs it)
+    answer_mask: torch.Tensor | None = None  # [B, T] float: tokens of the task's answer span (fine-grained credit)
     adv: torch.Tensor | None = None  # [B] or [B, T]
 
     @property
@@ -201,6 +203,7 @@ class Rollout:
             "old_logp": self.old_logp[idx],
             "adv": self.adv[idx],
         }
-        if self.ref_logp is not None:
-            out["ref_logp"] = self.ref_logp[idx]
+        for name in ("ref_logp", "entropy", "answer_mask"):  # optional per-token tensors, present when computed
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)[idx]
         return out

@@ -86,6 +86,16 @@ def extract_answer(completion: str) -> str | None:
     return tail[start + len(OPEN_TAG) : end]
 
 
+def answer_span(completion: str) -> tuple[int, int] | None:
+    """Character span [start, end) of the block ``extract_answer`` reads, tags included, in the whole completion's
+    coordinates; None without a complete block."""
+    offset = max(len(completion) - MAX_SCAN_CHARS, 0)
+    tail = completion[offset:]
+    end = tail.rfind(CLOSE_TAG)
+    start = tail.rfind(OPEN_TAG, 0, end) if end >= 0 else -1
+    return None if start < 0 else (offset + start, offset + end + len(CLOSE_TAG))
+
+
 def parse_expression(expr: str) -> Tree:
     """Parse an answer into a Tree. Raises ValueError (short reason) or SyntaxError on anything not allowed."""
     if len(expr) > MAX_EXPR_CHARS:
@@ -405,3 +415,6 @@ class Countdown(Task):
 
     def reward(self, example: Example, completion: str) -> RewardResult:
         return reward(example, completion)
+
+    def answer_span(self, completion: str) -> tuple[int, int] | None:
+        return answer_span(completion)
