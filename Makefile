@@ -11,7 +11,7 @@ export BENCH_DATA
 endif
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-slow seeds zero-shot compare ui lint format clean
+.PHONY: install run test test-slow sweep report seeds zero-shot compare ui lint format clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ test: install  ## the test suite (CPU, no network; slow/gpu/network tests desele
 
 test-slow: install  ## the slow tests only (CI runs them after make test)
 	$(PY) -m pytest -q -m "slow and not gpu and not network" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+
+SWEEP ?= default
+sweep: install  ## run conf/sweep/$(SWEEP).yaml (resumable: rerun after an interruption), then write its report
+	$(PY) -m bench sweep $(SWEEP) $(ARGS)
+
+report: install  ## results/$(SWEEP)/: summary.md, summary.csv, runs.csv, learning curves (read back from MLflow)
+	$(PY) -m bench report $(SWEEP) $(ARGS)
 
 seeds: install  ## benchmark: the default job for 3 seeds, held-out accuracy after SFT and after GRPO
 	$(PY) scripts/default_seeds.py $(ARGS)

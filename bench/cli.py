@@ -5,6 +5,9 @@
     python -m bench list
     python -m bench main            # the README's first command: SFT warm start + GRPO on Countdown, tiny model
     python -m bench config algorithm=grpo task=countdown      # print the resolved config
+    python -m bench train config_file=<config.yaml> [key=value ...]   # a saved config (a run's or a sweep cell's)
+    python -m bench sweep <name> [--launcher ray] [sweep.workers=4] [key=value ...]   # conf/sweep/<name>.yaml
+    python -m bench report <name> [--x-axis tokens]  # results/<name>/: summary.md, summary.csv, curves PNG
 Add ``--include DIR`` (repeatable) to register algorithm or task files from another directory.
 """
 
@@ -35,12 +38,23 @@ def cmd_list() -> None:
             print(f"  {name:<22} {getattr(cls, 'description', '')}")
 
 
+def _pop(args: list[str], key: str) -> tuple[str | None, list[str]]:
+    value = next((a.split("=", 1)[1] for a in args if a.startswith(f"{key}=")), None)
+    return value, [a for a in args if not a.startswith(f"{key}=")]
+
+
+def _config(args: list[str]):
+    from bench.train import load_config
+
+    path, rest = _pop(args, "config_file")
+    return load_config(path, rest) if path else compose(rest)
+
+
 def cmd_train(args: list[str]) -> None:
     from bench.train import resume, train
 
-    resume_dir = next((a.split("=", 1)[1] for a in args if a.startswith("resume=")), None)
-    rest = [a for a in args if not a.startswith("resume=")]
-    result = resume(resume_dir, rest) if resume_dir else train(compose(rest))
+    resume_dir, rest = _pop(args, "resume")
+    result = resume(resume_dir, rest) if resume_dir else train(_config(rest))
     first, last = result.first_eval, result.last_eval
     print(
         f"\nheld-out accuracy (greedy pass@1): step {result.eval_history[0][0]}: {first['eval/accuracy']:.3f}"
@@ -65,27 +79,71 @@ def cmd_main(args: list[str]) -> None:
     print("=" * 72)
 
 
+def cmd_warm_start(args: list[str]) -> None:
+    """Train (or reuse) the SFT warm start a config with init=sft needs; a sweep runs this once per seed."""
+    from bench.train import ensure_sft
+
+    print(f"warm start: {ensure_sft(_config(args))}")
+
+
+def _sweep_name(ns) -> tuple[str, list[str]]:
+    if not ns.overrides or "=" in ns.overrides[0]:
+        raise ConfigError(f"python -m bench {ns.command} <sweep name or file> [key=value ...]: name the sweep")
+    return ns.overrides[0], ns.overrides[1:]
+
+
+def cmd_sweep(ns) -> None:
+    from bench.report import report
+    from bench.sweep import run_sweep
+
+    name, rest = _sweep_name(ns)
+    out = run_sweep(name, rest, ns.launcher)
+    print(
+        f"\nsweep {name}: {out['cells']} cells in {out['wall_clock_s'] / 60:.1f} min; MLflow experiment "
+        f"{out['experiment']!r} ({out['uri']})"
+    )
+    if out["failed"]:
+        print(f"failed cells: {out['failed']} (logs under runs/sweeps/{name}/logs)")
+    path = report(name, rest, x_axis=ns.x_axis)
+    print(f"report: {path}")
+
+
+def cmd_report(ns) -> None:
+    from bench.report import report
+
+    name, rest = _sweep_name(ns)
+    print(f"report: {report(name, rest, x_axis=ns.x_axis)}")
+
+
+COMMANDS = {
+    "train": lambda ns: cmd_train(ns.overrides),
+    "list": lambda ns: cmd_list(),
+    "main": lambda ns: cmd_main(ns.overrides),
+    "config": lambda ns: print(to_yaml(_config(ns.overrides))),
+    "warm-start": lambda ns: cmd_warm_start(ns.overrides),
+    "sweep": cmd_sweep,
+    "report": cmd_report,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=["train", "list", "main", "config"])
+    parser.add_argument("command", choices=list(COMMANDS))
     parser.add_argument("--include", action="append", default=[], help="extra directory of algorithm/task files")
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    parser.add_argument("--launcher", choices=["local", "ray"], help="sweep: override the sweep file's launcher")
+    parser.add_argument("--x-axis", choices=["step", "samples", "tokens"], help="report: x-axis of the curves")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides (sweep/report: the sweep name first)")
     ns = parser.parse_intermixed_args(argv)
     try:
         _include(ns.include)
-        if ns.command == "list":
-            cmd_list()
-        elif ns.command == "config":
-            print(to_yaml(compose(ns.overrides)))
-        elif ns.command == "main":
-            cmd_main(ns.overrides)
-        else:
-            cmd_train(ns.overrides)
+        COMMANDS[ns.command](ns)
     except (ConfigError, RegistryError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a sweep stopped by Ctrl-C or SIGTERM: its cells were checkpointed
+        return 130
     except SIGTERMException:  # Lightning's SystemExit subclass would exit 0: a killed run must not look successful
         return 128 + signal.SIGTERM
     return 0

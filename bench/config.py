@@ -127,6 +127,10 @@ class TrackingConfig:
     experiment: str = "creditbench"
     run_name: str | None = None
     """None: {task}-{algorithm}-s{seed}."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Extra MLflow run tags (a sweep sets its name, the cell's identity and every axis value here)."""
+    parent_run_id: str | None = None
+    """Nest the run under this MLflow run (a sweep's parent run)."""
 
 
 @dataclass

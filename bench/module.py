@@ -146,6 +146,10 @@ class PolicyModule(L.LightningModule):
             "eval/completion_len_mean": sum(lengths) / len(lengths),
         }
         metrics.update({f"eval/{k}": sum(v) / len(v) for k, v in components.items()})
+        # The other x-axes at this evaluation, so curves can be drawn against samples or tokens as well as steps.
+        for axis in ("samples_seen", "tokens_generated"):
+            if hasattr(self, axis):
+                metrics[f"eval/at_{axis}"] = getattr(self, axis)
         self.log_metrics(metrics)
         for logger in self.loggers:
             if hasattr(logger, "log_table"):

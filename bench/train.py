@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from bench import ROOT
 from bench.config import ConfigError, compose, config_hash, flatten, to_yaml
@@ -140,6 +141,9 @@ def ensure_sft(cfg: DictConfig) -> Path:
         OmegaConf.from_dotlist(list(cfg.warm_start.overrides)),
     )
     sft.model.lora.enabled = False  # NOTE: the warm start is a full fine-tune; LoRA, if any, applies to RL only
+    # Its own run name; of a sweep's tags only the sweep's name (not the cell's identity or axis values).
+    sft.tracking.run_name = None
+    sft.tracking.tags = {k: v for k, v in cfg.tracking.tags.items() if k == "sweep"} | {"role": "warm_start"}
     sft.init = "scratch"
     key = config_hash(sft, drop=_NOT_IN_KEY)
     target = _path(cfg.cache_dir) / "sft" / f"{cfg.task.name}-{cfg.model.name}-s{cfg.seed}-{key}"
@@ -205,6 +209,9 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
         "mlflow.source.git.commit": commit,
         "run_dir": str(run_dir),
     }
+    tags.update(cfg.tracking.tags)
+    if cfg.tracking.parent_run_id:
+        tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id  # nested under the sweep's run in the UI
     if hasattr(obj.algorithm, "choices"):  # the critic-free family's explicit choices, as tags for grouping in the UI
         tags.update({f"choice.{k}": v for k, v in obj.algorithm.choices().items()})
     logger = BenchLogger(
@@ -257,13 +264,23 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
     return RunResult(run_id=logger.run_id, run_dir=run_dir, eval_history=module.eval_history)
 
 
+def load_config(path: str | Path, overrides: list[str] = ()) -> DictConfig:
+    """A saved, resolved config.yaml (a run's, or a sweep cell's), validated again against the typed schema."""
+    path = _path(str(path))
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file (expected a config.yaml written by a run or a sweep)")
+    saved = OmegaConf.load(path)
+    selectors = [f"{s}={saved[s].name}" for s in ("model", "task", "algorithm")]
+    cfg = compose(selectors)  # the typed schema, so the saved config is validated again
+    OmegaConf.set_readonly(cfg, False)
+    try:
+        return OmegaConf.merge(cfg, saved, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{path}: {str(e).splitlines()[0]}") from None
+
+
 def resume(run_dir: str | Path, overrides: list[str] = ()) -> RunResult:
     d = _path(str(run_dir))
     if not (d / "run.json").exists() or not (d / "checkpoints" / "last.ckpt").exists():
         raise ConfigError(f"resume={run_dir}: expected a run directory with run.json and checkpoints/last.ckpt")
-    saved = OmegaConf.load(d / "config.yaml")
-    selectors = [f"{s}={saved[s].name}" for s in ("model", "task", "algorithm")]
-    cfg = compose(selectors)  # the typed schema, so the saved config is validated again
-    OmegaConf.set_readonly(cfg, False)
-    cfg = OmegaConf.merge(cfg, saved, OmegaConf.from_dotlist(list(overrides)))
-    return train(cfg, resume_dir=d)
+    return train(load_config(d / "config.yaml", overrides), resume_dir=d)

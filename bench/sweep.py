@@ -1,0 +1,542 @@
+"""Sweeps: algorithms x tasks x models x seeds x any config key, run as cells on a local pool or a Ray cluster.
+
+    python -m bench sweep default            # conf/sweep/default.yaml (or a path to a sweep file)
+    python -m bench sweep default --launcher ray --ray-address auto
+    python -m bench report default
+
+A sweep file declares ``axes`` (each a list of values; ``algorithm``, ``task`` and ``model`` select files, any other
+key is a config override such as ``algorithm.clip_eps_high``), shared ``overrides`` and ``exclude`` patterns.
+Each cell is a real ``python -m bench train`` process whose resolved config is written to
+``<output_dir>/sweeps/<name>/cells/<id>.yaml``; the cell's identity ``<id>`` is the hash of that config without the
+keys that do not change what it computes (tracking, output paths, threads, progress bar).
+
+Exactly once: one driver per sweep (a lock file); every cell run is tagged ``sweep.cell=<id>``. On (re)start the
+driver looks each cell up in MLflow: a FINISHED run means done; a KILLED run with a checkpoint (the cell was stopped
+by SIGTERM or Ctrl-C at a step boundary) is resumed in the same MLflow run; anything else (a run left RUNNING by a
+SIGKILL, a FAILED attempt) is deleted and the cell starts afresh. Cell processes die with the driver (Linux
+PR_SET_PDEATHSIG), so a SIGKILLed driver leaves no orphan that could finish a cell twice.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from bench import ROOT
+from bench.config import CONF, ConfigError, compose, config_hash, to_yaml
+from bench.registry import did_you_mean
+from bench.tracking import artifact_root, tracking_uri
+
+# Keys that do not change what a cell computes: left out of its identity.
+NOT_IN_IDENTITY = (
+    "tracking",
+    "output_dir",
+    "cache_dir",
+    "resume",
+    "trainer.progress_bar",
+    "trainer.num_threads",
+    "trainer.checkpoint_every",
+)
+SELECTOR_AXES = ("algorithm", "task", "model")
+
+
+@dataclass
+class Resources:
+    cpus_per_cell: int | None = None
+    """Threads (and Ray CPUs) per cell; None: the machine's cores split evenly across the workers."""
+    gpus_per_cell: float = 0.0
+    """Ray GPUs per cell (fractions share a GPU)."""
+
+
+@dataclass
+class ReportSpec:
+    metric: str = "eval/accuracy"
+    """The held-out metric the report summarises."""
+    threshold: float | None = None
+    """Steps/tokens-to-threshold target; None: the cells' mean starting value + 0.05."""
+    x_axis: str = "step"
+    """step | samples | tokens: the x-axis of the learning-curve PNGs."""
+    out: str | None = None
+    """Where the report goes; None: results/<sweep name>/."""
+
+
+@dataclass
+class SweepSpec:
+    name: str = ""
+    description: str = ""
+    axes: dict[str, Any] = field(default_factory=dict)
+    """Axis -> list of values, crossed in the order given (seed last reads best)."""
+    overrides: list[str] = field(default_factory=list)
+    """key=value applied to every cell (after conf/, before the axis values)."""
+    exclude: list[Any] = field(default_factory=list)
+    """Cells to skip: each a mapping of axis -> value (all must match)."""
+    experiment: str | None = None
+    """MLflow experiment; None: sweep-<name>."""
+    launcher: str = "local"
+    """local | ray."""
+    workers: int = 2
+    """Cells run at once (local launcher; with Ray the cluster's resources decide)."""
+    max_retries: int = 1
+    """A failed cell is retried this many times, then reported."""
+    ray_address: str | None = None
+    """None: start a local Ray cluster; 'auto' or host:port: join a running one."""
+    resources: Resources = field(default_factory=Resources)
+    report: ReportSpec = field(default_factory=ReportSpec)
+
+
+def sweep_path(name: str) -> Path:
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    path = CONF / "sweep" / f"{name}.yaml"
+    if not path.exists():
+        avail = sorted(q.stem for q in (CONF / "sweep").glob("*.yaml"))
+        raise ConfigError(f"unknown sweep {name!r}. Available: {', '.join(avail)}." + did_you_mean(name, avail))
+    return path
+
+
+def load_spec(name: str, overrides: list[str] = ()) -> SweepSpec:
+    path = sweep_path(name)
+    schema = OmegaConf.structured(SweepSpec)
+    try:
+        spec = OmegaConf.merge(schema, OmegaConf.load(path), OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "") or ""
+        nested = {"resources": Resources, "report": ReportSpec}
+        head, _, tail = key.partition(".")
+        valid = list((nested[head] if tail and head in nested else SweepSpec).__dataclass_fields__)
+        hint = did_you_mean(tail or head, valid) or f" Valid keys: {', '.join(valid)}."
+        raise ConfigError(f"bad sweep key {key!r} in {path}: {str(e).splitlines()[0]}{hint}") from None
+    spec = OmegaConf.to_object(spec)
+    spec.name = spec.name or path.stem
+    for axis, values in spec.axes.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"sweep {spec.name}: axis {axis!r} must be a non-empty list of values, got {values!r}")
+    if spec.launcher not in LAUNCHERS:
+        raise ConfigError(f"sweep {spec.name}: unknown launcher {spec.launcher!r}; available: {', '.join(LAUNCHERS)}")
+    return spec
+
+
+def _arg(key: str, value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return f"{key}={text}"
+
+
+@dataclass
+class Cell:
+    axes: dict[str, Any]
+    cfg: DictConfig
+    id: str
+    name: str
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k.split('.')[-1]}={v}" for k, v in self.axes.items())
+
+
+def plan(spec: SweepSpec, extra: list[str] = ()) -> list[Cell]:
+    """Every cell of the grid (excludes removed), its config composed and validated now, not mid-sweep."""
+    keys = list(spec.axes)
+    cells, seen = [], {}
+    for values in itertools.product(*(spec.axes[k] for k in keys)):
+        axes = dict(zip(keys, values, strict=True))
+        if any(all(str(axes.get(k)) == str(v) for k, v in ex.items()) for ex in spec.exclude):
+            continue
+        args = [_arg(k, v) for k, v in axes.items() if k in SELECTOR_AXES]
+        args += list(spec.overrides) + [_arg(k, v) for k, v in axes.items() if k not in SELECTOR_AXES] + list(extra)
+        try:
+            cfg = compose(args)
+        except ConfigError as e:
+            raise ConfigError(f"sweep {spec.name}, cell {axes}: {e}") from None
+        cid = config_hash(cfg, drop=NOT_IN_IDENTITY)
+        if cid in seen:  # two axis values that resolve to the same run
+            print(f"[sweep] note: {axes} is the same run as {seen[cid]}; running it once")
+            continue
+        seen[cid] = axes
+        name = "-".join(str(axes[k]) for k in ("task", "algorithm") if k in axes) or cfg.algorithm.name
+        name += "".join(f"-{k.split('.')[-1]}={v}" for k, v in axes.items() if k not in (*SELECTOR_AXES, "seed"))
+        cells.append(Cell(axes, cfg, cid, f"{name}-s{cfg.seed}"))
+    if not cells:
+        raise ConfigError(f"sweep {spec.name}: the grid is empty (every cell excluded?)")
+    return cells
+
+
+# ---- launchers: run one command to completion, return its exit status -----------------------------------------
+def _die_with_parent() -> None:
+    """Child side of fork: SIGKILL this process when the driver thread that started it dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
+class LocalLauncher:
+    """Cells as subprocesses of the driver, ``workers`` at a time."""
+
+    def __init__(self, spec: SweepSpec):
+        self.concurrency = spec.workers
+        self.procs: set[subprocess.Popen] = set()
+        self.lock = threading.Lock()
+
+    def run(self, argv: list[str], log: Path, cpus: int, gpus: float, env: dict[str, str]) -> int:
+        with log.open("a") as f:
+            proc = subprocess.Popen(
+                argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+            )
+            with self.lock:
+                self.procs.add(proc)
+            try:
+                return proc.wait()
+            finally:
+                with self.lock:
+                    self.procs.discard(proc)
+
+    def stop(self) -> None:
+        """Graceful: SIGTERM lets each cell checkpoint at a step boundary and mark its MLflow run KILLED."""
+        with self.lock:
+            for p in self.procs:
+                p.send_signal(signal.SIGTERM)
+
+    def close(self) -> None:
+        pass
+
+
+def _ray_run(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[int, str]:
+    proc = subprocess.run(
+        argv, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, preexec_fn=_die_with_parent
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+class RayLauncher:
+    """Each cell a Ray task declaring its CPUs and GPUs; a local cluster by default, or ``ray_address``. The cell's
+    process runs on whichever node Ray picks, so on a multi-node cluster the repository, data root, cache and
+    MLflow tracking URI must be reachable at the same paths from every node (a tracking server, shared storage)."""
+
+    def __init__(self, spec: SweepSpec):
+        import ray
+
+        self.ray = ray
+        if not ray.is_initialized():
+            ray.init(address=spec.ray_address, include_dashboard=False, log_to_driver=False)
+        self.remote = ray.remote(_ray_run)
+        self.concurrency = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.refs: set = set()
+        self.lock = threading.Lock()
+
+    def run(self, argv: list[str], log: Path, cpus: int, gpus: float, env: dict[str, str]) -> int:
+        ref = self.remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=0).remote(argv, str(ROOT), env)
+        with self.lock:
+            self.refs.add(ref)
+        try:
+            rc, out = self.ray.get(ref)
+        except Exception as e:  # a Ray-level failure (worker died, task cancelled) is a failed attempt
+            rc, out = 1, f"ray task failed: {e!r}\n"
+        finally:
+            with self.lock:
+                self.refs.discard(ref)
+        with log.open("a") as f:
+            f.write(out)
+        return rc
+
+    def stop(self) -> None:
+        with self.lock:
+            for ref in self.refs:
+                self.ray.cancel(ref)
+
+    def close(self) -> None:
+        self.ray.shutdown()
+
+
+LAUNCHERS: dict[str, Callable[[SweepSpec], Any]] = {"local": LocalLauncher, "ray": RayLauncher}
+
+
+# ---- the driver --------------------------------------------------------------------------------------------------
+class Sweep:
+    def __init__(self, spec: SweepSpec, cells: list[Cell], *, uri: str | None = None):
+        from mlflow.tracking import MlflowClient
+
+        self.spec, self.cells = spec, cells
+        self.uri = tracking_uri(uri or cells[0].cfg.tracking.tracking_uri)
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self.experiment = spec.experiment or f"sweep-{spec.name}"
+        exp = self.client.get_experiment_by_name(self.experiment)
+        self.exp_id = (
+            exp.experiment_id
+            if exp
+            else self.client.create_experiment(self.experiment, artifact_location=artifact_root(self.uri))
+        )
+        self.dir = Path(cells[0].cfg.output_dir)
+        self.dir = (self.dir if self.dir.is_absolute() else ROOT / self.dir) / "sweeps" / spec.name
+        (self.dir / "cells").mkdir(parents=True, exist_ok=True)
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    # -- MLflow bookkeeping
+    def runs(self, **tags: str) -> list:
+        filt = " and ".join([f"tags.sweep = '{self.spec.name}'"] + [f"tags.`{k}` = '{v}'" for k, v in tags.items()])
+        return self.client.search_runs([self.exp_id], filt, max_results=50000)
+
+    def parent_run(self) -> str:
+        found = self.runs(role="sweep")
+        if found:
+            rid = found[0].info.run_id
+            self.client.update_run(rid, status="RUNNING")
+            self.client.set_tag(rid, "restarted", time.strftime("%Y-%m-%dT%H:%M:%S"))
+            return rid
+        run = self.client.create_run(
+            self.exp_id, run_name=f"sweep-{self.spec.name}", tags={"sweep": self.spec.name, "role": "sweep"}
+        )
+        rid = run.info.run_id
+        self.client.log_text(rid, OmegaConf.to_yaml(OmegaConf.structured(self.spec)), "sweep.yaml")
+        for k, v in self.spec.axes.items():
+            self.client.log_param(rid, f"axis.{k}", json.dumps(v)[:6000])
+        self.client.log_param(rid, "cells", len(self.cells))
+        return rid
+
+    def cell_config(self, cell: Cell, parent: str, threads: int) -> Path:
+        cfg = OmegaConf.create(OmegaConf.to_container(cell.cfg))
+        cfg.tracking.tracking_uri = self.uri
+        cfg.tracking.experiment = self.experiment
+        cfg.tracking.run_name = cell.name
+        cfg.tracking.parent_run_id = parent
+        cfg.tracking.tags = {
+            "sweep": self.spec.name,
+            "sweep.cell": cell.id,
+            "role": "cell",
+            **{f"axis.{k}": str(v) for k, v in cell.axes.items()},
+        }
+        cfg.trainer.progress_bar = False
+        cfg.trainer.num_threads = threads
+        path = self.dir / "cells" / f"{cell.id}.yaml"
+        path.write_text(to_yaml(cfg))
+        return path
+
+    def prepare(self, cell: Cell) -> list[str] | None:
+        """What this cell needs now: None (done), or the command that finishes it (a resume or a fresh start)."""
+        runs = self.runs(**{"sweep.cell": cell.id})
+        if any(r.info.status == "FINISHED" for r in runs):
+            for r in runs:  # leftovers of earlier attempts
+                if r.info.status != "FINISHED":
+                    self.client.delete_run(r.info.run_id)
+            return None
+        resumable = [
+            r
+            for r in runs
+            if r.info.status == "KILLED" and (Path(r.data.tags.get("run_dir", "/nonexistent")) / "checkpoints").exists()
+        ]
+        keep = resumable[0] if resumable else None
+        for r in runs:
+            if r is not keep:  # a run left RUNNING by a SIGKILL, or a failed attempt: superseded by a fresh start
+                self.client.delete_run(r.info.run_id)
+        cmd = [sys.executable, "-m", "bench", "train"]
+        if keep is not None:
+            return cmd + [f"resume={keep.data.tags['run_dir']}"]
+        return cmd + [f"config_file={self.dir / 'cells' / f'{cell.id}.yaml'}"]
+
+    def stale_warm_starts(self) -> None:
+        """Warm-start runs left RUNNING by a killed driver: their cache entry was never completed; mark them."""
+        for r in self.runs(role="warm_start"):
+            if r.info.status == "RUNNING":
+                self.client.set_tag(r.info.run_id, "interrupted", "sweep driver stopped")
+                self.client.set_terminated(r.info.run_id, "KILLED")
+
+    # -- running
+    def run(self, launcher_name: str | None = None) -> dict[str, list[str]]:
+        lock = open(self.dir / "driver.lock", "w")  # noqa: SIM115 (held for the driver's lifetime)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"another driver is already running sweep {self.spec.name!r} (lock {self.dir / 'driver.lock'})"
+            ) from None
+        launcher = LAUNCHERS[launcher_name or self.spec.launcher](self.spec)
+        workers = max(1, min(launcher.concurrency, len(self.cells)))
+        threads = self.spec.resources.cpus_per_cell or max(1, (os.cpu_count() or 1) // min(workers, self.spec.workers))
+        parent = self.parent_run()
+        self.stale_warm_starts()
+        paths = {c.id: self.cell_config(c, parent, threads) for c in self.cells}
+        todo = [c for c in self.cells if self.prepare(c) is not None]
+        done0 = len(self.cells) - len(todo)
+        progress = Progress(self.spec.name, len(self.cells), done0, workers)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        stopping = threading.Event()
+
+        def on_signal(signum, frame):
+            if stopping.is_set():
+                raise KeyboardInterrupt
+            stopping.set()
+            print(f"\n[sweep] signal {signum}: stopping the running cells at their next step boundary", flush=True)
+            launcher.stop()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        failed: dict[str, str] = {}
+
+        def warm(cfg_path: Path, key: str) -> int:
+            if stopping.is_set():
+                return -1
+            log = self.dir / "logs" / f"warm_start-{key}.log"
+            argv = [sys.executable, "-m", "bench", "warm-start", f"config_file={cfg_path}"]
+            return launcher.run(argv, log, threads, self.spec.resources.gpus_per_cell, env)
+
+        def attempt(cell: Cell) -> tuple[Cell, int]:
+            rc = 0
+            for n in range(self.spec.max_retries + 1):
+                if stopping.is_set():
+                    return cell, -1
+                argv = self.prepare(cell)
+                if argv is None:
+                    return cell, 0
+                progress.started(cell)
+                log = self.dir / "logs" / f"{cell.name}-{cell.id}.log"
+                t0 = time.time()
+                rc = launcher.run(argv, log, threads, self.spec.resources.gpus_per_cell, env)
+                if rc == 0:  # the cell's process time, start-up and warm-start wait included
+                    for r in self.runs(**{"sweep.cell": cell.id}):
+                        spent = float(r.data.tags.get("sweep.wall_clock_s", 0)) + time.time() - t0
+                        self.client.set_tag(r.info.run_id, "sweep.wall_clock_s", f"{spent:.1f}")
+                if rc == 0 or stopping.is_set():
+                    return cell, rc
+                progress.note(f"{cell.label}: attempt {n + 1} failed (exit {rc}); log {log}")
+            return cell, rc
+
+        try:
+            with ThreadPoolExecutor(workers) as pool:
+                # 1. Shared SFT warm starts, each (task, model, seed, warm-start config) trained once.
+                need = {}
+                for c in todo:
+                    if c.cfg.init == "sft":
+                        key = config_hash(  # what ensure_sft's cache key depends on
+                            {k: c.cfg[k] for k in ("seed", "model", "task", "warm_start")}
+                            | {"max_new_tokens": c.cfg.rollout.max_new_tokens}
+                        )
+                        need.setdefault(key, paths[c.id])
+                if need:
+                    print(f"[sweep] {len(need)} SFT warm start(s) to train or reuse", flush=True)
+                    for rc in pool.map(lambda kv: warm(kv[1], kv[0]), need.items()):
+                        if rc not in (0, -1):
+                            print(f"[sweep] a warm start failed (exit {rc}); see {self.dir / 'logs'}", flush=True)
+                # 2. The cells.
+                futures = [pool.submit(attempt, c) for c in todo]
+                for fut in as_completed(futures):
+                    cell, rc = fut.result()
+                    if rc == 0:
+                        progress.finished(cell)
+                    elif not stopping.is_set():
+                        failed[cell.id] = cell.label
+                        progress.failed(cell, rc)
+                    else:
+                        progress.stopped(cell)
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            launcher.close()
+        status = "KILLED" if stopping.is_set() else ("FAILED" if failed else "FINISHED")
+        before = float(self.client.get_run(parent).data.tags.get("sweep.wall_clock_s", 0))
+        self.client.set_tag(parent, "sweep.wall_clock_s", f"{before + time.time() - progress.t0:.1f}")
+        self.client.set_tag(parent, "sweep.failed_cells", json.dumps(list(failed.values()))[:5000])
+        self.client.set_tag(parent, "sweep.cells_done", str(progress.done))
+        self.client.set_terminated(parent, status)
+        progress.close()
+        if stopping.is_set():
+            raise KeyboardInterrupt
+        return {"failed": list(failed.values())}
+
+
+class Progress:
+    """Cells done / running / failed / remaining with an ETA, as a tqdm bar and one line per event (logs stay
+    readable when the output is not a terminal)."""
+
+    def __init__(self, name: str, total: int, done: int, workers: int):
+        from tqdm.auto import tqdm
+
+        self.name, self.total, self.done, self.workers = name, total, done, workers
+        self.running, self.n_failed, self.durations, self.start = {}, 0, [], {}
+        self.t0 = time.time()
+        self.lock = threading.Lock()
+        self.bar = tqdm(
+            total=total,
+            initial=done,
+            desc=f"sweep {name}",
+            unit="cell",
+            dynamic_ncols=True,
+            disable=not sys.stderr.isatty(),  # the event lines below carry the same counts in logs
+        )
+        self.note(f"{total} cells: {done} already done, {total - done} to run on {workers} worker(s)")
+
+    def _line(self, event: str) -> None:
+        remaining = self.total - self.done - self.n_failed - len(self.running)
+        eta = ""
+        if self.durations:
+            left = remaining + len(self.running)
+            eta = f", ETA {sum(self.durations) / len(self.durations) * left / self.workers / 60:.1f} min"
+        self.bar.set_postfix(running=len(self.running), failed=self.n_failed)
+        self.bar.write(
+            f"[sweep {self.name}] {event} | done {self.done}/{self.total}, running {len(self.running)}, "
+            f"failed {self.n_failed}, remaining {remaining}, elapsed {(time.time() - self.t0) / 60:.1f} min{eta}"
+        )
+
+    def note(self, text: str) -> None:
+        with self.lock:
+            self.bar.write(f"[sweep {self.name}] {text}")
+
+    def started(self, cell: Cell) -> None:
+        with self.lock:
+            self.running[cell.id] = cell
+            self.start.setdefault(cell.id, time.time())
+            self._line(f"start  {cell.label}")
+
+    def finished(self, cell: Cell) -> None:
+        with self.lock:
+            self.running.pop(cell.id, None)
+            self.done += 1
+            if cell.id in self.start:
+                self.durations.append(time.time() - self.start[cell.id])
+            self.bar.update(1)
+            self._line(f"done   {cell.label}")
+
+    def failed(self, cell: Cell, rc: int) -> None:
+        with self.lock:
+            self.running.pop(cell.id, None)
+            self.n_failed += 1
+            self._line(f"FAILED {cell.label} (exit {rc})")
+
+    def stopped(self, cell: Cell) -> None:
+        with self.lock:
+            self.running.pop(cell.id, None)
+            self._line(f"stopped {cell.label}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def load_plan(name: str, overrides: list[str] = ()) -> tuple[SweepSpec, list[Cell]]:
+    """``overrides``: ``sweep.<key>=...`` edit the sweep file's fields; anything else is a config override for every
+    cell (and so part of each cell's identity: pass the same ones to ``report``)."""
+    spec = load_spec(name, [o[len("sweep.") :] for o in overrides if o.startswith("sweep.")])
+    return spec, plan(spec, [o for o in overrides if not o.startswith("sweep.")])
+
+
+def run_sweep(name: str, overrides: list[str] = (), launcher: str | None = None) -> dict:
+    """Plan the sweep and run it to completion."""
+    spec, cells = load_plan(name, overrides)
+    sweep = Sweep(spec, cells)
+    t0 = time.time()
+    out = sweep.run(launcher)
+    out.update(experiment=sweep.experiment, cells=len(cells), wall_clock_s=time.time() - t0, uri=sweep.uri)
+    return out

@@ -1,0 +1,262 @@
+"""The sweep driver and its report: real subprocess cells, a real MLflow SQLite store, a real local Ray cluster."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+from bench import ROOT
+from bench.config import ConfigError
+from bench.report import report
+from bench.sweep import load_plan, load_spec, run_sweep
+from tests.conftest import SMALL
+
+
+def write_sweep(tmp: Path, name: str, axes: dict, steps: int = 3, **extra) -> Path:
+    """A sweep file whose cells are seconds-long tiny-model runs tracked in a store under ``tmp``."""
+    overrides = [o for o in SMALL if not o.startswith(("trainer.max_steps", "trainer.progress_bar"))]
+    overrides += [
+        f"trainer.max_steps={steps}",
+        f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}",
+        f"output_dir={tmp / 'runs'}",
+        f"cache_dir={tmp / 'cache'}",
+    ]
+    path = tmp / f"{name}.yaml"
+    spec = {"name": name, "axes": axes, "overrides": overrides, "report": {"out": str(tmp / "report")}, **extra}
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def cell_runs(tmp: Path, name: str, all_views: bool = False) -> list:
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(f"sweep-{name}")
+    view = ViewType.ALL if all_views else ViewType.ACTIVE_ONLY
+    return client.search_runs([exp.experiment_id], "tags.role = 'cell'", run_view_type=view, max_results=1000)
+
+
+# ---- planning ------------------------------------------------------------------------------------------------------
+def test_unknown_sweep_lists_the_available_ones():
+    with pytest.raises(ConfigError, match=r"unknown sweep 'defualt'.*Available: .*default.*Did you mean 'default'"):
+        load_spec("defualt")
+
+
+def test_bad_sweep_key_names_it_and_the_nearest(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("axis:\n  seed: [0]\n")
+    with pytest.raises(ConfigError, match=r"bad sweep key 'axis'.*Did you mean 'axes'"):
+        load_spec(str(p))
+
+
+def test_plan_crosses_axes_applies_excludes_and_config_keys(tmp_path):
+    p = write_sweep(
+        tmp_path,
+        "grid",
+        {"algorithm": ["grpo", "dapo"], "algorithm.clip_eps_high": [0.2, 0.28], "seed": [0, 1]},
+        exclude=[{"algorithm": "dapo", "algorithm.clip_eps_high": 0.2}],
+    )
+    spec, cells = load_plan(str(p))
+    assert len(cells) == 2 * 2 * 2 - 2
+    assert {(c.cfg.algorithm.name, c.cfg.algorithm.clip_eps_high, c.cfg.seed) for c in cells} == {
+        ("grpo", 0.2, 0), ("grpo", 0.2, 1), ("grpo", 0.28, 0), ("grpo", 0.28, 1), ("dapo", 0.28, 0), ("dapo", 0.28, 1),
+    }  # fmt: skip
+    assert len({c.id for c in cells}) == len(cells)
+    # Identity is the resolved config: planning again gives the same ids; a different shared override changes them.
+    assert [c.id for c in load_plan(str(p))[1]] == [c.id for c in cells]
+    assert not {c.id for c in load_plan(str(p), ["optim.lr=3e-4"])[1]} & {c.id for c in cells}
+    # Keys that do not change what a cell computes are not part of its identity.
+    assert [c.id for c in load_plan(str(p), ["trainer.num_threads=3"])[1]] == [c.id for c in cells]
+
+
+def test_plan_rejects_a_bad_axis_key_naming_the_cell(tmp_path):
+    p = write_sweep(tmp_path, "bad", {"algorithm": ["grpo"], "algorithm.clip_eps_hihg": [0.2]})
+    with pytest.raises(ConfigError, match=r"cell .*clip_eps_hihg.*clip_eps_high"):
+        load_plan(str(p))
+
+
+def test_axis_values_that_resolve_to_the_same_run_run_once(tmp_path):
+    p = write_sweep(tmp_path, "dup", {"algorithm": ["grpo"], "algorithm.clip_eps_high": [0.2, 0.2]})
+    assert len(load_plan(str(p))[1]) == 1
+
+
+# ---- a real sweep: report numbers, skip on rerun --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sweep")
+    path = write_sweep(tmp, "small", {"algorithm": ["grpo", "dr_grpo"], "seed": [0, 1]}, steps=2, workers=2)
+    out = run_sweep(str(path))
+    return tmp, path, out
+
+
+def test_sweep_runs_every_cell_once_nested_and_tagged(finished_sweep):
+    tmp, path, out = finished_sweep
+    assert out["failed"] == [] and out["cells"] == 4
+    runs = cell_runs(tmp, "small")
+    assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("sweep-small")
+    (parent,) = client.search_runs([exp.experiment_id], "tags.role = 'sweep'")
+    assert parent.info.status == "FINISHED"
+    for r in runs:
+        tags = r.data.tags
+        assert tags["mlflow.parentRunId"] == parent.info.run_id
+        assert tags["axis.algorithm"] == tags["algorithm"] and tags["axis.seed"] == tags["seed"]
+        assert float(tags["sweep.wall_clock_s"]) > 0
+    assert {(r.data.tags["algorithm"], r.data.tags["seed"]) for r in runs} == {
+        ("grpo", "0"),
+        ("grpo", "1"),
+        ("dr_grpo", "0"),
+        ("dr_grpo", "1"),
+    }
+    # One warm start per seed would be shared; this sweep trains from scratch, so none ran.
+    assert not client.search_runs([exp.experiment_id], "tags.role = 'warm_start'")
+    # Rerunning a finished sweep starts nothing.
+    again = run_sweep(str(path))
+    assert again["failed"] == [] and len(cell_runs(tmp, "small", all_views=True)) == 4
+
+
+def test_report_numbers_match_mlflow(finished_sweep, tmp_path):
+    tmp, path, _ = finished_sweep
+    metric = "eval/completion_len_mean"  # non-trivial on a random-init model, unlike accuracy
+    summary = report(str(path), [f"sweep.report.metric={metric}"], out=tmp_path)
+    for f in ("summary.md", "summary.csv", "runs.csv", "curves_step.png", "curves_samples.png", "curves_tokens.png"):
+        assert (tmp_path / f).stat().st_size > 0, f
+    assert (tmp_path / "curves_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
+    per_run = list(csv.DictReader((tmp_path / "runs.csv").open()))
+    assert len(per_run) == 4
+    finals: dict[str, list[float]] = {}
+    for row in per_run:
+        hist = sorted((m.step, m.value) for m in client.get_metric_history(row["run_id"], metric))
+        assert float(row["final"]) == pytest.approx(hist[-1][1])
+        assert float(row["best"]) == pytest.approx(max(v for _, v in hist))
+        steps, vals = zip(*hist, strict=True)
+        auc = sum((steps[i + 1] - steps[i]) * (vals[i] + vals[i + 1]) / 2 for i in range(len(steps) - 1))
+        assert float(row["auc"]) == pytest.approx(auc / (steps[-1] - steps[0]))
+        step_time = [m.value for m in client.get_metric_history(row["run_id"], "time/step")]
+        assert float(row["s_per_step"]) == pytest.approx(statistics.fmean(step_time))
+        finals.setdefault(row["variant"], []).append(hist[-1][1])
+    summary_rows = {r["variant"]: r for r in csv.DictReader((tmp_path / "summary.csv").open())}
+    assert set(summary_rows) == {"grpo", "dr_grpo"}
+    for variant, vals in finals.items():
+        row = summary_rows[variant]
+        assert float(row["final_mean"]) == pytest.approx(statistics.fmean(vals))
+        half = 12.706204736 * statistics.stdev(vals) / math.sqrt(2)  # t_{0.975, 1 dof}
+        assert float(row["final_ci95"]) == pytest.approx(half, abs=1e-9)
+    text = summary.read_text()
+    assert "| grpo | 2/2 |" in text and "within noise" in text or "beyond noise" in text
+    # The report is also logged to the sweep's parent run.
+    exp = client.get_experiment_by_name("sweep-small")
+    (parent,) = client.search_runs([exp.experiment_id], "tags.role = 'sweep'")
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/summary.md", "report/summary.csv", "report/curves_step.png"} <= logged
+
+
+# ---- kill and resume -------------------------------------------------------------------------------------------------
+def _alive(marker: str) -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if marker in (p / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(p.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.slow
+def test_sigkill_mid_cell_then_restart_ends_with_exactly_one_finished_run_per_cell(tmp_path):
+    path = write_sweep(tmp_path, "killme", {"algorithm": ["grpo", "rloo"], "seed": [0, 1]}, steps=6, workers=2)
+    cmd = [sys.executable, "-m", "bench", "sweep", str(path)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    deadline = time.time() + 240
+    mid_cell = False
+    while time.time() < deadline and not mid_cell:  # wait until a cell is training: a RUNNING run with a step logged
+        time.sleep(1)
+        exp = client.get_experiment_by_name("sweep-killme")
+        if exp is None:
+            continue
+        for r in client.search_runs([exp.experiment_id], "tags.role = 'cell' and attributes.status = 'RUNNING'"):
+            if client.get_metric_history(r.info.run_id, "time/step"):
+                mid_cell = True
+    assert mid_cell, "no cell started training within 240 s"
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    cells_dir = str(tmp_path / "runs" / "sweeps" / "killme")
+    for _ in range(50):  # the cell processes die with the driver
+        if not _alive(cells_dir):
+            break
+        time.sleep(0.2)
+    assert not _alive(cells_dir), "cell processes outlived the SIGKILLed driver"
+    stale = [r for r in cell_runs(tmp_path, "killme") if r.info.status == "RUNNING"]
+    assert stale, "the kill should have left at least one run RUNNING"
+
+    rc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert rc.returncode == 0, rc.stdout[-3000:] + rc.stderr[-3000:]
+    runs = cell_runs(tmp_path, "killme")
+    by_cell: dict[str, list] = {}
+    for r in runs:
+        by_cell.setdefault(r.data.tags["sweep.cell"], []).append(r)
+    assert len(by_cell) == 4
+    for cell, rs in by_cell.items():
+        assert [r.info.status for r in rs] == ["FINISHED"], (cell, [r.info.status for r in rs])
+        steps = [m.step for m in client.get_metric_history(rs[0].info.run_id, "time/step")]
+        assert sorted(steps) == list(range(6)), steps  # every step logged exactly once
+    # The runs the kill left behind were superseded (deleted), not left to be mistaken for results.
+    deleted = {r.info.run_id for r in cell_runs(tmp_path, "killme", all_views=True)} - {r.info.run_id for r in runs}
+    assert {r.info.run_id for r in stale} <= deleted
+
+
+@pytest.mark.slow
+def test_sigterm_stops_cells_at_a_step_boundary_and_restart_resumes_the_same_runs(tmp_path):
+    path = write_sweep(tmp_path, "termme", {"algorithm": ["grpo"], "seed": [0, 1]}, steps=8, workers=2)
+    cmd = [sys.executable, "-m", "bench", "sweep", str(path)]
+    driver = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        time.sleep(1)
+        runs = cell_runs(tmp_path, "termme") if client.get_experiment_by_name("sweep-termme") else []
+        if len(runs) == 2 and all(client.get_metric_history(r.info.run_id, "time/step") for r in runs):
+            break
+    driver.send_signal(signal.SIGTERM)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode != 0, out[-2000:]
+    killed = cell_runs(tmp_path, "termme")
+    assert {r.info.status for r in killed} <= {"KILLED", "FINISHED"} and "KILLED" in {r.info.status for r in killed}
+    rc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert rc.returncode == 0, rc.stdout[-3000:]
+    runs = cell_runs(tmp_path, "termme", all_views=True)
+    assert {r.info.run_id for r in runs} == {r.info.run_id for r in killed}  # resumed in place, nothing new
+    for r in runs:
+        assert r.info.status == "FINISHED"
+        steps = [m.step for m in client.get_metric_history(r.info.run_id, "time/step")]
+        assert sorted(steps) == list(range(8)), steps
+
+
+@pytest.mark.slow
+def test_ray_launcher_runs_a_two_cell_sweep_on_a_local_cluster(tmp_path):
+    pytest.importorskip("ray")
+    path = write_sweep(
+        tmp_path, "onray", {"algorithm": ["grpo"], "seed": [0, 1]}, steps=2, launcher="ray",
+        resources={"cpus_per_cell": 1},
+    )  # fmt: skip
+    out = run_sweep(str(path))
+    assert out["failed"] == []
+    runs = cell_runs(tmp_path, "onray")
+    assert sorted(r.data.tags["seed"] for r in runs) == ["0", "1"]
+    assert all(r.info.status == "FINISHED" for r in runs)
