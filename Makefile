@@ -11,7 +11,7 @@ export BENCH_DATA
 endif
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-slow sweep report seeds zero-shot compare ui lint format clean
+.PHONY: install run test test-slow sweep report seeds zero-shot ui lint format clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,11 +44,6 @@ seeds: install  ## benchmark: the default job for 3 seeds, held-out accuracy aft
 
 zero-shot: install  ## benchmark: smollm2-135m greedy zero-shot accuracy and speed on GSM8K and MATH-500 subsets
 	$(PY) scripts/zero_shot.py $(ARGS)
-
-compare: install  ## sweep-style comparison of the critic-free family (tiny model, Countdown, 3 seeds)
-	$(PY) scripts/compare.py --name critic_free_countdown --workers 2 --seeds 0 1 2 --algorithms grpo reinforce \
-	  rloo reinforce_pp reinforce_pp_baseline remax dr_grpo dapo gspo gspo_token sapo gpg \
-	  -- task=countdown init=sft trainer.max_steps=100
 
 ui: install  ## MLflow UI over the embedded store
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
