@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import ROOT
+from bench.config import config_hash
 from bench.sweep import Cell, Sweep, load_plan
 
 X_AXES = {"step": None, "samples": "eval/at_samples_seen", "tokens": "eval/at_tokens_generated"}
@@ -132,6 +133,13 @@ def collect(sweep: Sweep, metric: str) -> tuple[list[RunStats], list[Cell]]:
             )
         )
     return out, missing
+
+
+def eval_settings(cell: Cell) -> str:
+    """What decides a held-out number: the eval section and the task's evaluation split and size."""
+    task = cell.cfg.task
+    keys = ("eval_split", "num_eval", "data_root", "source", "corpus")
+    return config_hash({"eval": cell.cfg.eval} | {k: task.get(k) for k in keys}) + str(cell.cfg.rollout.max_new_tokens)
 
 
 def variant(cell: Cell) -> str:
@@ -321,7 +329,12 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
         "",
     ]
     for t in tasks:
-        lines += [f"## {t}", "", "| " + " | ".join(c[1] for c in COLUMNS) + " |"]
+        lines += [f"## {t}", ""]
+        settings = {eval_settings(c) for c in cells if c.cfg.task.name == t}
+        if len(settings) > 1:
+            lines += [f"**Warning: the cells of {t} use {len(settings)} different evaluation settings; their "
+                      "held-out numbers are not comparable.**", ""]  # fmt: skip
+        lines += ["| " + " | ".join(c[1] for c in COLUMNS) + " |"]
         lines.append("|" + "|".join("---" if c[0] == "variant" else "---:" for c in COLUMNS) + "|")
         for row in sorted((r for r in rows if r["task"] == t), key=lambda r: -(r["final_mean"] or 0)):
             lines.append("| " + " | ".join(c[2](row) for c in COLUMNS) + " |")

@@ -79,6 +79,14 @@ def test_plan_crosses_axes_applies_excludes_and_config_keys(tmp_path):
     assert [c.id for c in load_plan(str(p), ["trainer.num_threads=3"])[1]] == [c.id for c in cells]
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "conf" / "sweep").glob("*.yaml")))
+def test_shipped_sweeps_plan(name):
+    """Every shipped sweep file composes and validates every cell (so it cannot fail halfway through)."""
+    spec, cells = load_plan(name)
+    assert cells and len({c.id for c in cells}) == len(cells)
+    assert {c.cfg.eval.temperature for c in cells} == {cells[0].cfg.eval.temperature}
+
+
 def test_plan_rejects_a_bad_axis_key_naming_the_cell(tmp_path):
     p = write_sweep(tmp_path, "bad", {"algorithm": ["grpo"], "algorithm.clip_eps_hihg": [0.2]})
     with pytest.raises(ConfigError, match=r"cell .*clip_eps_hihg.*clip_eps_high"):
