@@ -394,11 +394,11 @@ class Sweep:
             argv = [sys.executable, "-m", "bench", "warm-start", f"config_file={cfg_path}"]
             return launcher.run(argv, log, threads, self.spec.resources.gpus_per_cell, env)
 
-        def attempt(cell: Cell) -> tuple[Cell, int]:
+        def attempt(cell: Cell) -> tuple[Cell, int | None]:
             rc = 0
             for n in range(self.spec.max_retries + 1):
                 if stopping.is_set():
-                    return cell, -1
+                    return cell, None  # never started
                 argv = self.prepare(cell)
                 if argv is None:
                     return cell, 0
@@ -435,6 +435,8 @@ class Sweep:
                 futures = [pool.submit(attempt, c) for c in todo]
                 for fut in as_completed(futures):
                     cell, rc = fut.result()
+                    if rc is None:
+                        continue
                     if rc == 0:
                         progress.finished(cell)
                     elif not stopping.is_set():
