@@ -102,6 +102,10 @@ def _trunk(policy: nn.Module) -> nn.Module:
 
 
 class _Critic(nn.Module):
+    reads_policy_forward = False
+    """Whether the update's values come from the policy's own training forward (which must then be one forward over
+    prompt + completion)."""
+
     def __init__(self, policy: nn.Module):
         super().__init__()
         self.head = nn.Linear(policy.config.hidden_size, 1)
@@ -131,6 +135,8 @@ class ValueHead(_Critic):
     """critic=head: a Linear on the policy trunk's last hidden state. In the update the hidden states come from the
     policy's own forward (a forward hook on the trunk keeps the latest output), so the value costs no extra pass."""
 
+    reads_policy_forward = True
+
     def __init__(self, policy: nn.Module):
         super().__init__(policy)
         self._trunk = [_trunk(policy)]  # a list: not a submodule (the trunk belongs to the policy)
@@ -153,6 +159,7 @@ class ValueHead(_Critic):
         assert hidden is not None and hidden.shape[0] == B, "ValueHead: no policy forward for these rows"
         # completion_logprobs(trim=True) drops padding columns: the completion part is then the last T_kept ones
         T_kept = T if hidden.shape[1] == Tp + T else max(int(rows["completion_mask"].sum(1).max()), 1)
+        assert hidden.shape[1] > T_kept, f"ValueHead: trunk output {tuple(hidden.shape)} lacks the prompt's end"
         values = self.project(hidden, T_kept)
         return torch.nn.functional.pad(values, (0, T - T_kept)) * rows["completion_mask"]
 
@@ -222,6 +229,13 @@ class ActorCritic(PolicyGradient):
     @property
     def zero_adv_rows_inert(self) -> bool:
         return False  # the value loss has a gradient whatever the advantage
+
+    @property
+    def forward_switches(self) -> dict[str, bool]:
+        """A value head reads the policy forward's hidden states: one forward over prompt + completion (trimming is
+        fine), not the prompt-once path whose last trunk call sees only the completions."""
+        switches = super().forward_switches
+        return {**switches, "share_prompt": False} if self.critic.reads_policy_forward else switches
 
     def configure_optimizers(self):
         out = super().configure_optimizers()  # AdamW over the policy, with the warm-up schedule

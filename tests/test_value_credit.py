@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from algorithms.ma_ppo import RATIOS, MAPPOConfig, ma_ppo_loss, macro_gae
 from algorithms.ppo import PPOConfig, ppo_loss
@@ -19,8 +20,8 @@ from bench import ROOT
 from bench import segment as S
 from bench.config import compose
 from bench.losses import Norm
-from bench.policy import char_tokenizer
-from bench.registry import TASKS
+from bench.policy import char_tokenizer, load_policy
+from bench.registry import ALGORITHMS, TASKS
 from bench.task import RewardResult
 from bench.train import train
 from bench.value import clipped_value_loss, explained_variance, gae, gae_reference
@@ -106,6 +107,92 @@ def test_explained_variance():
     returns, mask = torch.tensor([[1.0, 2.0, 3.0, 99.0]]), ragged_mask([3], 4)
     assert abs(explained_variance(returns.clone(), returns, mask) - 1.0) < 1e-6
     assert abs(explained_variance(torch.full_like(returns, 2.0), returns, mask)) < 1e-6
+
+
+# ---- critics -------------------------------------------------------------------------------------------------------
+SMALL_MODEL = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=64"]
+
+
+def _module(name: str = "ppo", *overrides: str):
+    """An algorithm module on the tiny model, built as bench.train does (no Trainer)."""
+    cfg = OmegaConf.to_object(compose([f"algorithm={name}", "task=countdown", *SMALL_MODEL, *overrides]))
+    policy, tok = load_policy(cfg.model, cfg.seed)
+    task = TASKS.get("countdown")(cfg.task, tok, seed=0, prompts_per_step=2, train_stream="prompts", batch_size=4)
+    return ALGORITHMS.get(name)(cfg, policy, tok, task)
+
+
+def _batch(tok, texts=("12+3", "7"), completions=("=15<", "ab")):
+    p = tok(list(texts), padding=True, return_tensors="pt", padding_side="left")
+    c = tok(list(completions), padding=True, return_tensors="pt", padding_side="right", add_special_tokens=False)
+    return {
+        "prompt_ids": p.input_ids,
+        "prompt_mask": p.attention_mask,
+        "completion_ids": c.input_ids,
+        "completion_mask": c.attention_mask.float(),
+    }
+
+
+@pytest.mark.parametrize("trim", [False, True])
+def test_value_head_reads_the_policy_forward(trim):
+    """critic=head: in the update the values come from the hidden states of the policy's own forward (captured by a
+    hook), equal to a direct forward of the trunk, also when that forward trims padding; a forward of the reference
+    snapshot (a deep copy of the policy, hook included) does not overwrite them; 0 on padding."""
+    from bench.policy import Reference, completion_logprobs
+
+    m = _module("ppo")
+    torch.nn.init.normal_(m.critic.head.weight)
+    rows = _batch(m.tokenizer)
+    # the module's own switches for the training forward (a value head turns off the prompt-once path), if any
+    kwargs = {**getattr(m, "forward_switches", {}), "trim": trim} if hasattr(m, "forward_switches") else {}
+    assert not kwargs.get("share_prompt"), kwargs
+    with torch.no_grad():
+        direct = m.critic(rows["prompt_ids"], rows["prompt_mask"], rows["completion_ids"], rows["completion_mask"])
+        args = (rows["prompt_ids"], rows["prompt_mask"], rows["completion_ids"], rows["completion_mask"])
+        completion_logprobs(m.policy, *args, **kwargs)
+        ref = Reference(m.policy)
+        completion_logprobs(ref.snapshot, *args)
+        captured = m.critic.train_values(rows)
+    assert torch.allclose(captured, direct, atol=1e-5), (captured, direct)
+    assert bool((captured[rows["completion_mask"] == 0] == 0).all()) and direct.abs().sum() > 0
+    with pytest.raises(AssertionError, match="no policy forward"):
+        m.critic.train_values(rows)  # consumed: a second read without a forward is an error, not stale values
+
+
+def test_value_head_on_a_lora_policy():
+    """Under LoRA the value head sits on the peft-wrapped trunk (adapter active) and reads its training forward."""
+    pytest.importorskip("peft")
+    from bench.policy import completion_logprobs
+
+    m = _module("ppo", "model.lora.enabled=true")
+    torch.nn.init.normal_(m.critic.head.weight)
+    rows = _batch(m.tokenizer)
+    args = (rows["prompt_ids"], rows["prompt_mask"], rows["completion_ids"], rows["completion_mask"])
+    with torch.no_grad():
+        direct = m.critic(*args)
+        completion_logprobs(m.policy, *args)
+        assert torch.allclose(m.critic.train_values(rows), direct, atol=1e-5)
+
+
+def test_value_model_is_a_separate_trainable_trunk_with_its_own_lr():
+    """critic=model: its own copy of the trunk (no parameter shared with the policy); the value loss reaches only the
+    critic; the optimizer has the critic as a second group at critic_lr, under the same warm-up schedule."""
+    m = _module("ppo", "algorithm.critic=model", "algorithm.critic_lr=0.003", "optim.warmup_steps=2")
+    policy_ids = {id(p) for p in m.policy.parameters()}
+    assert not policy_ids & {id(p) for p in m.critic.parameters()}
+    rows = _batch(m.tokenizer)
+    values = m.critic.train_values(rows)
+    values.square().sum().backward()
+    assert all(p.grad is None for p in m.policy.parameters())
+    assert all(p.grad is not None for p in m.critic.body.parameters())
+    out = m.configure_optimizers()
+    opt, sched = out["optimizer"], out["lr_scheduler"]["scheduler"]
+    assert [len(g["params"]) for g in opt.param_groups] == [
+        len(list(m.policy.parameters())),
+        len(list(m.critic.parameters())),
+    ]
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([m.cfg.optim.lr / 2, 0.003 / 2])  # warm-up step 1 of 2
+    sched.step()
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([m.cfg.optim.lr, 0.003])
 
 
 # ---- segmentation -------------------------------------------------------------------------------------------------
