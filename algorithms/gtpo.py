@@ -24,6 +24,9 @@ Deviations from the paper
 #   with binary rewards under separate normalisation) gets Â = 0 exactly.
 # NOTE(deviation): ε = 1e-8 enters as H/(ΣH + ε) and 1/(H + ε); H is the entropy of the temperature-scaled sampling
 #   distribution over the full vocabulary (top-p is not applied).
+# NOTE(deviation): a group whose completions are all correct (or all incorrect) still gets entropy-driven token
+#   advantages (its O+ or O− tokens differ in r̃); the paper trains beside DAPO, whose dynamic sampling drops such
+#   groups: ``algorithm.dynamic_sampling=true`` does the same here (off by default, to share the rollout budget).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -30,8 +32,21 @@ def test_every_critic_free_algorithm_is_registered():
         "gspo_token",
         "sapo",
         "gpg",
+        "gtpo",
+        "grpo_s",
+        "tempo",
+        "ts_grpo",
     }
     assert expected <= set(RL), sorted(expected - set(RL))
+
+
+# Diagnostics an algorithm logs beyond the family's (read back from MLflow after the 2-step run).
+DIAGNOSTICS = {
+    "gtpo": ("stats/entropy_weight_mean", "stats/entropy_weight_std", "stats/entropy_weight_max"),
+    "grpo_s": ("stats/entropy_weight_mean", "stats/entropy_weight_std", "stats/token_entropy_mean"),
+    "tempo": ("stats/branch_token_frac",),
+    "ts_grpo": ("stats/answer_token_frac", "loss/answer", "loss/planning"),
+}
 
 
 # The default tiny model after 300 SFT steps solves a few percent of Countdown when sampling, so 8 groups of 8 have
@@ -63,6 +78,11 @@ def test_algorithm_trains_two_steps_and_logs_its_choices(name, store):
     for choice in CHOICES:
         assert f"algorithm.{choice}" in run.data.params, (choice, sorted(run.data.params))
         assert run.data.tags[f"choice.{choice}"] == run.data.params[f"algorithm.{choice}"], choice
+    for choice in ALGORITHMS.get(name).Config().choices():  # the family's and the algorithm's own
+        assert f"choice.{choice}" in run.data.tags, (choice, sorted(run.data.tags))
+    for key in DIAGNOSTICS.get(name, ()):
+        history = client.get_metric_history(result.run_id, key)
+        assert len(history) == 2 and all(map(math.isfinite, (m.value for m in history))), (name, key, history)
     (init_dir,) = [p for p in (store["dir"] / "cache" / "sft").glob("countdown-tiny-s0-*") if p.is_dir()]
     init = AutoModelForCausalLM.from_pretrained(init_dir)
     trained = AutoModelForCausalLM.from_pretrained(result.run_dir / "final")

@@ -30,17 +30,10 @@ from bench.rollout import Rollout
 from bench.train import train
 from tasks.countdown import answer_span as countdown_span
 from tests.conftest import SMALL, data_root
+from tests.test_critic_free import single_thread  # noqa: F401  (autouse: one intra-op thread for tiny tensors)
 
 F64 = torch.float64
 CREDIT = ("gtpo", "grpo_s", "tempo", "ts_grpo")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def t64(x) -> torch.Tensor:
@@ -391,9 +384,11 @@ def test_credit_algorithms_are_registered_critic_free():
 @pytest.mark.slow
 def test_ts_grpo_trains_on_text_to_sql(store):
     """TS-GRPO trains 2 steps on Spider text-to-SQL with the tiny model and logs stats/answer_token_frac."""
-    if data_root() is None:
-        pytest.skip("needs the data root (BENCH_DATA or ../shared/data) for text2sql/spider")
-    args = ["algorithm=ts_grpo", "task=text_to_sql", *SMALL, "trainer.eval_every=100", "task.num_eval=4"]
+    root = data_root()
+    if root is None or not (root / "text2sql" / "spider" / "dev.jsonl").is_file():
+        pytest.skip(f"needs Spider under the data root (BENCH_DATA or ../shared/data): {root}/text2sql/spider")
+    args = ["algorithm=ts_grpo", "task=text_to_sql", f"task.data_root={root}", *SMALL, "trainer.eval_every=100"]
+    args.append("task.num_eval=4")
     result = train(compose([*args, *store["args"]]))
     client = MlflowClient(tracking_uri=store["uri"])
     assert client.get_run(result.run_id).info.status == "FINISHED"
