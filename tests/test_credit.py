@@ -394,3 +394,50 @@ def test_ts_grpo_trains_on_text_to_sql(store):
     assert client.get_run(result.run_id).info.status == "FINISHED"
     frac = [m.value for m in client.get_metric_history(result.run_id, "stats/answer_token_frac")]
     assert len(frac) == 2 and all(0.0 <= f <= 1.0 for f in frac), frac
+
+
+# ---- properties ------------------------------------------------------------------------------------------------------
+def _credit_advantages(name: str, ids, mask, scores, entropy, G):
+    correct = scores >= 1.0
+    if name == "tempo":
+        return tempo_advantages(scores, ids, mask, G, TEMPOConfig())[0]
+    if name == "gtpo":
+        cfg = GTPOConfig()
+        return gtpo_advantages(gtpo_token_rewards(scores, correct, entropy, mask, G, cfg)[0], correct, mask, G, cfg)
+    answer = (ids % 3 == 0).to(mask)  # an arbitrary span
+    a = advantages(TSGRPOConfig(), scores, None, mask, G)
+    return ts_grpo_advantages(a, a, answer, TSGRPOConfig()) * mask
+
+
+@pytest.mark.parametrize("name", ["tempo", "gtpo", "ts_grpo"])
+@pytest.mark.parametrize("seed", range(5))
+def test_token_advantages_ignore_padding_and_junk(name, seed):
+    """Appending padded columns and writing junk (ids, entropies) at padded positions leaves the token advantages of
+    real tokens unchanged and gives 0 at padding; constant-reward groups get 0 (TEMPO, TS-GRPO)."""
+    g = torch.Generator().manual_seed(seed)
+    G, P, T = 4, 2, 5
+    lengths = torch.randint(1, T + 1, (P * G,), generator=g)
+    mask = (torch.arange(T) < lengths.unsqueeze(-1)).to(F64)
+    ids = torch.randint(3, 6, (P * G, T), generator=g)  # few symbols: shared prefixes are common
+    scores = torch.randint(0, 2, (P * G,), generator=g).to(F64)
+    scores[G:] = 1.0  # the second group is constant
+    ent = torch.rand(P * G, T, generator=g, dtype=F64) * 2 + 0.01
+    clean = _credit_advantages(name, ids, mask, scores, ent, G)
+    m = mask.bool()
+    pad = torch.cat([mask, torch.zeros(P * G, 2, dtype=F64)], 1)
+    junk_ids = torch.cat([torch.where(m, ids, 4), torch.full((P * G, 2), 3)], 1)
+    junk_ent = torch.cat([torch.where(m, ent, 1e6), torch.full((P * G, 2), -5.0, dtype=F64)], 1)
+    dirty = _credit_advantages(name, junk_ids, pad, scores, junk_ent, G)
+    assert torch.allclose(dirty[:, :T], clean, rtol=1e-12, atol=1e-12), (name, dirty, clean)
+    assert (dirty[~pad.bool()] == 0).all() and torch.isfinite(dirty).all(), dirty
+    if name != "gtpo":  # GTPO's entropy term moves tokens even in a constant group (see its docstring)
+        assert (clean[G:] == 0).all(), clean[G:]
+
+
+def test_correct_threshold_decides_o_plus():
+    """correct_threshold=None uses the task's verdict; a float uses score >= threshold (partial credit)."""
+    from algorithms.gtpo import correct_set
+
+    scores, task = t64([0.2, 0.6, 1.0]), torch.tensor([False, False, True])
+    assert correct_set(scores, task, None).tolist() == [False, False, True]
+    assert correct_set(scores, task, 0.5).tolist() == [False, True, True]
