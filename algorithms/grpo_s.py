@@ -1,5 +1,6 @@
 """GRPO-S: Sequence-Level GRPO with Dynamic Entropy Weighting (Tan et al. 2025, "GTPO and GRPO-S: Token and
-Sequence-Level Reward Shaping with Policy Entropy", arXiv 2508.04349 v6, Sec. 2 (GRPO-S)).
+Sequence-Level Reward Shaping with Policy Entropy", arXiv 2508.04349 v6; equations as
+summarised in ../shared/docs/algorithms.md, the primary text was not read).
 
 Ĥ_i = mean token entropy of completion i under π_old; O+ (correct, n) and O− (incorrect, m) as in GTPO:
 

@@ -1,5 +1,6 @@
 """GTPO: Group Token Policy Optimization, Dynamic Entropy Weighting (Tan et al. 2025, "GTPO and GRPO-S: Token and
-Sequence-Level Reward Shaping with Policy Entropy", arXiv 2508.04349 v6, Sec. 2 (GTPO token rewards and advantage)).
+Sequence-Level Reward Shaping with Policy Entropy", arXiv 2508.04349 v6; equations as
+summarised in ../shared/docs/algorithms.md, the primary text was not read).
 
 The group splits into O+ (correct, n completions) and O− (incorrect, m). H_{i,t} is the full-vocabulary entropy of
 π_old at token t (no gradient); d_t, h_t count the O+ / O− completions still generating at t.

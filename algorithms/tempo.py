@@ -1,4 +1,5 @@
-"""TEMPO: tree-structured credit from the group's shared prefixes (arXiv 2509.18314; the authors' code).
+"""TEMPO: tree-structured credit from the group's shared prefixes (arXiv 2509.18314, as summarised from the authors'
+code in ../shared/docs/algorithms.md).
 
 The group's G completions form a prefix trie; a node's value V(s) is the mean raw reward of the completions that start
 with prefix s. Token t of completion i moves from node s_t (its first t tokens) to s_{t+1}:

@@ -1,4 +1,5 @@
-"""TS-GRPO: two-span GRPO from Thinkquel (arXiv 2510.00186; the first author's code).
+"""TS-GRPO: two-span GRPO from Thinkquel (arXiv 2510.00186, as summarised from the first author's code in
+../shared/docs/algorithms.md).
 
 A completion splits into the answer span M_seq (the task's ``answer_span``: the first ```sql block for text-to-SQL)
 and the planning span M_tok (the other tokens). Two rewards, each z-scored in the group with the population std: the
