@@ -1,5 +1,7 @@
-"""MA-PPO: PPO over macro actions (MA-RLHF, Chai et al., ICLR 2025, arXiv 2410.02743, §3.2-3.3, Eq. 4-6), as in
-the authors' code (ernie-research/MA-RLHF, DeepSpeed-Chat ``ppo_trainer.py``).
+"""MA-PPO: PPO over macro actions (MA-RLHF, Chai et al., ICLR 2025, arXiv 2410.02743, §3: macro-action MDP,
+termination rules, macro-level GAE and clipped objective), as in the authors' code (ernie-research/MA-RLHF,
+DeepSpeed-Chat ``ppo_trainer.py``); the formulas below follow that code (the paper's equation numbers were not
+checked against the PDF).
 
 Each completion is cut into macro actions ω_1..ω_K by a termination rule (fixed n-gram, randomised n-gram,
 perplexity rises, or the task's segmenter); the final token is always a macro of its own and holds the score.
@@ -49,7 +51,7 @@ MA_CHOICES = ("termination", "macro_weight")
 class MAPPOConfig(PPOConfig):
     name: str = "ma_ppo"
     ratio: MacroRatio = "token"
-    """ρ per token (authors' code) | Π_{t∈ω} ρ_t (paper, Eq. 5) | (Π_{t∈ω} ρ_t)^{1/|ω|}"""
+    """ρ per token (authors' code) | Π_{t∈ω} ρ_t (the paper's macro ratio) | (Π_{t∈ω} ρ_t)^{1/|ω|}"""
     whiten_adv: bool = False
     """the authors' code does not whiten Â"""
     termination: Termination = "fixed"

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bench.losses import AggMode, KLKind, whiten
-from bench.objective import KLPlacement, Ratio, TrustRegion, policy_loss
+from bench.objective import AdvScale, KLPlacement, Ratio, TrustRegion, policy_loss
 from bench.rollout import Rollout
 from bench.value import ActorCritic, ActorCriticConfig, CriticKind, clipped_value_loss, gae
 
@@ -37,6 +37,8 @@ class PPOConfig(ActorCriticConfig):
     name: str = "ppo"
     advantage: Literal["gae"] = "gae"
     """Â_t = Σ_l (γλ)^l δ_{t+l}"""
+    adv_scale: AdvScale = "none"
+    """unused by GAE (whitening is whiten_adv)"""
     ratio: Ratio = "token"
     """ρ_t = π_θ(y_t) / π_old(y_t) (Eq. 6)"""
     trust_region: TrustRegion = "clip"

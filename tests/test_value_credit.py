@@ -374,18 +374,22 @@ DIAGNOSTICS = ["stats/value_loss", "stats/explained_variance", "stats/value_mean
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "extra"), [("ppo", ["stats/value_grad_norm"]), ("ma_ppo", ["stats/macro_len_mean"])])
-def test_actor_critic_trains_logs_diagnostics_and_checkpoints_its_critic(name, extra, small, store, monkeypatch):
+@pytest.mark.parametrize(
+    ("name", "critic", "extra"),
+    [("ppo", "head", ["stats/value_grad_norm"]), ("ppo", "model", []), ("ma_ppo", "head", ["stats/macro_len_mean"])],
+)
+def test_actor_critic_trains_logs_diagnostics_and_checkpoints(name, critic, extra, small, store, monkeypatch):
     """2 steps on the tiny model (held-out evaluation still works): the run logs every choice (critic-free and the
-    critic's) as params and choice.* tags, the value diagnostics at each step, and its checkpoint holds the value
-    head, which has moved off its zero initialisation. The random-init model never solves Countdown, so the score is
-    replaced by a dense one (the fraction of digits in the completion) to give the critic something to fit."""
+    critic's) as params and choice.* tags, the value diagnostics at each step, and its checkpoint holds the critic,
+    moved off its zero initialisation, and loads strictly into a fresh module. The random-init model never solves
+    Countdown, so the score is replaced by a dense one (the fraction of digits) to give the critic something to fit."""
 
     def digits(self, example, completion):
         return RewardResult(score=sum(c.isdigit() for c in completion) / max(len(completion), 1), components={})
 
     monkeypatch.setattr(TASKS.get("countdown"), "reward", digits)
-    result = train(compose([f"algorithm={name}", "task=countdown", *small, "trainer.eval_every=2"]))
+    args = [f"algorithm={name}", "task=countdown", f"algorithm.critic={critic}"]
+    result = train(compose([*args, *small, "trainer.eval_every=2"]))
     client = MlflowClient(tracking_uri=store["uri"])
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED", run.info.status
@@ -401,6 +405,10 @@ def test_actor_critic_trains_logs_diagnostics_and_checkpoints_its_critic(name, e
     state = torch.load(Path(result.run_dir) / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     assert {"critic.head.weight", "critic.head.bias"} <= set(state), sorted(state)[:5]
     assert float(state["critic.head.weight"].abs().sum()) > 0, "value head did not move"
+    assert any(k.startswith("critic.body.") for k in state) == (critic == "model"), sorted(state)[:5]
+    fresh = _module(name, f"algorithm.critic={critic}")
+    fresh.load_state_dict(state)  # strict: the policy and the critic, nothing missing or unexpected
+    assert torch.equal(fresh.critic.head.weight, state["critic.head.weight"])
 
 
 @pytest.mark.slow
