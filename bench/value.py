@@ -45,7 +45,8 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     N = delta.shape[1]
     t = torch.arange(N, device=delta.device)
     gap = t.unsqueeze(0) - t.unsqueeze(1)  # [N, N]: s − t
-    D = torch.where(gap >= 0, torch.tensor(gamma * lam, dtype=delta.dtype).pow(gap.clamp(min=0)), 0.0)
+    decay = torch.tensor(gamma * lam, dtype=delta.dtype, device=delta.device)
+    D = torch.where(gap >= 0, decay.pow(gap.clamp(min=0)), 0.0)
     adv = torch.where(m, delta @ D.T, zero)  # [B, N]
     return adv, torch.where(m, adv + v, zero)
 

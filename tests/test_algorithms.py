@@ -46,6 +46,8 @@ DIAGNOSTICS = {
     "grpo_s": ("stats/entropy_weight_mean", "stats/entropy_weight_std", "stats/token_entropy_mean"),
     "tempo": ("stats/branch_token_frac",),
     "ts_grpo": ("stats/answer_token_frac", "loss/answer", "loss/planning"),
+    "ppo": ("stats/value_loss", "stats/value_mean", "stats/value_clip_frac", "stats/value_grad_norm"),
+    "ma_ppo": ("stats/value_loss", "stats/value_mean", "stats/value_clip_frac", "stats/macro_len_mean"),
 }
 
 
