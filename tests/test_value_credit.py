@@ -18,7 +18,7 @@ from algorithms.ma_ppo import RATIOS, MAPPOConfig, ma_ppo_loss, macro_gae
 from algorithms.ppo import PPOConfig, ppo_loss
 from bench import ROOT
 from bench import segment as S
-from bench.config import compose
+from bench.config import ConfigError, compose
 from bench.losses import Norm
 from bench.policy import char_tokenizer, load_policy
 from bench.registry import ALGORITHMS, TASKS
@@ -425,3 +425,13 @@ def test_ma_ppo_with_the_task_segmenter_on_text_to_sql(small, store):
     losses = [m.value for m in client.get_metric_history(result.run_id, "loss/total")]
     assert len(macro_len) == 2 and all(v >= 1 for v in macro_len), macro_len
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses))), losses
+
+
+def test_config_errors_name_the_problem():
+    """A task without a segmenter cannot use termination=task; γ, λ outside [0, 1] and a non-positive value clip
+    fail at start-up."""
+    with pytest.raises(ValueError, match="no segmenter"):
+        _module("ma_ppo", "algorithm.termination=task")
+    for bad in ("algorithm.gamma=1.5", "algorithm.lam=-0.1", "algorithm.value_clip=0", "algorithm.ngram=0"):
+        with pytest.raises(ConfigError, match="invalid config"):
+            compose(["algorithm=ma_ppo", "task=countdown", bad])
