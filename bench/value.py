@@ -88,7 +88,8 @@ def clipped_value_loss(values, old_values, returns, mask, clip: float | None, no
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 − Var[R̂ − V] / Var[R̂] over the unmasked entries (1: perfect critic, 0: no better than a constant)."""
+    """1 − Var[R̂ − V] / Var[R̂] over the unmasked entries (1: perfect critic, 0: no better than a constant); NaN,
+    which the metric logger drops, when every return is equal."""
     var_r = L.masked_mean((returns - L.masked_mean(returns, mask)).square(), mask)
     err = returns - values
     var_e = L.masked_mean((err - L.masked_mean(err, mask)).square(), mask)
