@@ -401,7 +401,8 @@ class Sweep:
                     return cell, None  # never started
                 argv = self.prepare(cell)
                 if argv is None:
-                    return cell, 0
+                    rc = 0
+                    break
                 progress.started(cell)
                 log = self.dir / "logs" / f"{cell.name}-{cell.id}.log"
                 t0 = time.time()
@@ -411,8 +412,15 @@ class Sweep:
                         spent = float(r.data.tags.get("sweep.wall_clock_s", 0)) + time.time() - t0
                         self.client.set_tag(r.info.run_id, "sweep.wall_clock_s", f"{spent:.1f}")
                 if rc == 0 or stopping.is_set():
-                    return cell, rc
+                    break
                 progress.note(f"{cell.label}: attempt {n + 1} failed (exit {rc}); log {log}")
+            # Counted here, in the worker thread, before it takes the next cell (so "running" never overcounts).
+            if rc == 0:
+                progress.finished(cell)
+            elif stopping.is_set():
+                progress.stopped(cell)
+            else:
+                progress.failed(cell, rc)
             return cell, rc
 
         try:
@@ -435,15 +443,8 @@ class Sweep:
                 futures = [pool.submit(attempt, c) for c in todo]
                 for fut in as_completed(futures):
                     cell, rc = fut.result()
-                    if rc is None:
-                        continue
-                    if rc == 0:
-                        progress.finished(cell)
-                    elif not stopping.is_set():
+                    if rc not in (None, 0) and not stopping.is_set():
                         failed[cell.id] = cell.label
-                        progress.failed(cell, rc)
-                    else:
-                        progress.stopped(cell)
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
