@@ -55,7 +55,7 @@ class MAPPOConfig(PPOConfig):
     whiten_adv: bool = False
     """the authors' code does not whiten Â"""
     termination: Termination = "fixed"
-    """ζ: the termination rule of a macro action (§3.2)"""
+    """ζ: the termination rule of a macro action"""
     ngram: int = 5
     """n of the fixed n-gram rule (the paper's main runs: 5)"""
     random_lengths: list[int] = field(default_factory=lambda: [1, 2, 3, 5, 10])

@@ -1,4 +1,4 @@
-"""Macro actions: segment each completion's tokens into consecutive spans (MA-RLHF, Chai et al., ICLR 2025, §3.2).
+"""Macro actions: segment each completion's tokens into consecutive spans (MA-RLHF, Chai et al., ICLR 2025).
 
 A segmenter returns ``starts`` [B, T] bool (True where a new macro action begins); ``macro_index`` turns it into the
 [B, T] long index of each token's macro (0 .. K_i − 1 on generated tokens, −1 on padding), enforcing the two rules
