@@ -11,7 +11,7 @@ export BENCH_DATA
 endif
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-slow sweep report seeds zero-shot ui lint format clean
+.PHONY: install run test test-slow sweep report seeds zero-shot bench ui lint format clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,16 @@ seeds: install  ## benchmark: the default job for 3 seeds, held-out accuracy aft
 
 zero-shot: install  ## benchmark: smollm2-135m greedy zero-shot accuracy and speed on GSM8K and MATH-500 subsets
 	$(PY) scripts/zero_shot.py $(ARGS)
+
+# TRL for the baseline, without touching the venv's torch and transformers (pinned to what is installed).
+$(VENV)/.bench-installed: $(VENV)/.installed setup.cfg
+	$(PY) -m pip freeze | grep -iE '^(torch|transformers|accelerate|tokenizers|huggingface.hub|numpy|peft)==' \
+	  > $(VENV)/bench-constraints.txt
+	$(PY) -m pip install -q -e ".[bench]" -c $(VENV)/bench-constraints.txt
+	touch $@
+
+bench: $(VENV)/.bench-installed  ## performance: creditbench GRPO vs TRL GRPOTrainer side by side -> results/perf/
+	$(PY) scripts/bench.py $(ARGS)
 
 ui: install  ## MLflow UI over the embedded store
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000

@@ -70,6 +70,15 @@ class RolloutConfig:
     """Generation budget per completion (Dr. GRPO's L_budget)."""
     temperature: float = 1.0
     top_p: float = 1.0
+    share_prompt_cache: bool = True
+    """Encode each prompt once and copy its KV cache to the group's G rows (speed only: same samples)."""
+    compact_finished: bool = True
+    """Stop running the model on rows that have emitted EOS (speed only: same samples)."""
+    logp_from_sampler: bool = True
+    """Use the sampler's log-probs as log π_old instead of a second forward, once the first step has checked that
+    they match the training forward within ``logp_tolerance`` (else the forward is kept)."""
+    logp_tolerance: float = 1e-4
+    """Largest |sampler − trainer| log-prob gap for which ``logp_from_sampler`` takes the sampler's values."""
 
 
 @dataclass
@@ -91,6 +100,15 @@ class TrainConfig:
     """Completions per optimizer step (None: the whole rollout batch, one optimizer step per epoch)."""
     micro_batch_size: int = 64
     """Completions per forward/backward; gradient accumulation does not change the loss scale."""
+    skip_zero_adv: bool = True
+    """Skip the forward/backward of rows whose advantage is 0 everywhere when the algorithm declares that such rows
+    carry no gradient (no KL term in the loss); the loss denominators still count them (speed only: same update)."""
+    trim_padding: bool = True
+    """Micro-batches trimmed to their own padding, logits only at completion positions, and (without
+    ``share_prompt_forward``) rows ordered by completion length before cutting micro-batches (speed only: same loss)."""
+    share_prompt_forward: bool = True
+    """Training forwards run each group's prompt once and its G completions on the prompt's KV cache (gradients flow
+    through the cache) instead of G copies of prompt + completion (speed only: same loss)."""
     batch_size: int = 32
     """Supervised (SFT) examples per optimizer step."""
 

@@ -16,6 +16,7 @@ from typing import ClassVar
 import lightning as L
 import torch
 import torchmetrics
+from lightning.pytorch.utilities import rank_zero_warn
 
 from bench.losses import Norm, terminal_rewards, zero_variance_groups
 from bench.policy import Reference, completion_logprobs
@@ -121,6 +122,7 @@ class PolicyModule(L.LightningModule):
                 eos_token_id=self.tokenizer.eos_token_id,
                 pad_token_id=self.tokenizer.pad_token_id,
                 seeds=[sample_seed(self.cfg.seed, "eval", start + i) for i in range(len(chunk))],
+                compact_finished=r.compact_finished,
             )
             texts = self.decode(gen.completion_ids, gen.mask)
             for ex, text, n in zip(chunk, texts, gen.lengths.tolist(), strict=True):
@@ -176,6 +178,7 @@ class RLModule(PolicyModule):
         self.extra_tokens = 0  # tokens generated this step outside the trained groups (e.g. ReMax's greedy baseline)
         self.timer: dict[str, float] = defaultdict(float)
         self.step_stats: dict[str, float] = {}  # diagnostics a hook computed this step (e.g. advantage statistics)
+        self.sampler_logp_ok: bool | None = None  # rollout.logp_from_sampler: the first step's check (None: not yet)
 
     # ---- what an algorithm declares ------------------------------------------------------------------------------
     def advantages(self, rollout: Rollout) -> torch.Tensor:
@@ -203,6 +206,18 @@ class RLModule(PolicyModule):
     # ---- hooks with defaults (the critic-free family in bench/objective.py overrides them from its choices) -------
     max_sampling_rounds: int = 1
     """Generation rounds per step when ``keep_groups`` drops groups (1: no resampling)."""
+
+    @property
+    def forward_switches(self) -> dict[str, bool]:
+        """Speed switches of the training forward (bench.policy.completion_logprobs): same values, less work."""
+        t = self.cfg.train
+        return {"trim": t.trim_padding, "share_prompt": t.share_prompt_forward}
+
+    @property
+    def zero_adv_rows_inert(self) -> bool:
+        """Whether a row whose advantage is 0 at every token contributes exactly 0 to the loss and its gradient (no KL
+        or other term in the loss): ``train.skip_zero_adv`` then skips its forward and backward."""
+        return False
 
     @property
     def needs_greedy_baseline(self) -> bool:
@@ -272,6 +287,8 @@ class RLModule(PolicyModule):
             eos_token_id=self.tokenizer.eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id,
             seeds=seeds,
+            share_prompt_cache=r.share_prompt_cache,
+            compact_finished=r.compact_finished,
         )
         self.policy.train(was_training)
         return gen
@@ -317,22 +334,38 @@ class RLModule(PolicyModule):
 
     @torch.no_grad()
     def behaviour_logprobs(self, ro: Rollout) -> None:
-        """log π_old from one batched training-mode forward (the sampler's log-probs are kept to log the gap);
-        log π_ref only when the algorithm needs it."""
+        """log π_old from one batched training-mode forward (the sampler's log-probs are kept to log the gap), or,
+        with ``rollout.logp_from_sampler``, the sampler's own log-probs once the first step has checked that they
+        match that forward within ``rollout.logp_tolerance``; log π_ref only when the algorithm needs it."""
         mb = self.cfg.train.micro_batch_size
-        temp = self.cfg.rollout.temperature
+        r = self.cfg.rollout
+        use_sampler = r.logp_from_sampler and self.sampler_logp_ok is True and not self.needs_entropy
         old, ref, ent = [], [], []
         for idx in torch.arange(ro.size, device=self.device).split(mb):
-            args = (ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.mask[idx], temp)
-            logp, entropy = completion_logprobs(self.policy, *args, with_entropy=self.needs_entropy)
-            old.append(logp)
-            ent.append(entropy)
+            args = (ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.mask[idx], r.temperature)
+            if not use_sampler:
+                logp, entropy = completion_logprobs(
+                    self.policy, *args, with_entropy=self.needs_entropy, **self.forward_switches
+                )
+                old.append(logp)
+                ent.append(entropy)
             if self.needs_reference:
                 with self.reference.model() as ref_model:
-                    ref.append(completion_logprobs(ref_model, *args)[0])
+                    ref.append(completion_logprobs(ref_model, *args, **self.forward_switches)[0])
+        ro.ref_logp = torch.cat(ref) if ref else None
+        if use_sampler:
+            ro.old_logp = ro.sampler_logp
+            return
         ro.old_logp = torch.cat(old)
         ro.entropy = torch.cat(ent) if self.needs_entropy else None
-        ro.ref_logp = torch.cat(ref) if ref else None
+        if r.logp_from_sampler and self.sampler_logp_ok is None:  # first step: does the sampler match the trainer?
+            gap = float(((ro.sampler_logp - ro.old_logp).abs() * ro.mask).max())
+            self.sampler_logp_ok = gap <= r.logp_tolerance
+            if not self.sampler_logp_ok:
+                rank_zero_warn(
+                    f"rollout.logp_from_sampler: sampler/trainer log-prob gap {gap:.2e} > rollout.logp_tolerance="
+                    f"{r.logp_tolerance:g}; log π_old keeps coming from the training forward"
+                )
 
     def training_step(self, batch: dict, batch_idx: int):
         t0 = time.perf_counter()
@@ -369,8 +402,9 @@ class RLModule(PolicyModule):
             "time/step": t2 - t0,
         }
         if ro.size > 0:
-            m["rollout/sampler_logp_gap_max"] = ((ro.sampler_logp - ro.old_logp).abs() * ro.mask).max()
             m["reward/shaped_mean"] = ro.rewards.mean()
+        if ro.size > 0 and ro.old_logp is not ro.sampler_logp:  # with log π_old from the sampler the gap is 0
+            m["rollout/sampler_logp_gap_max"] = ((ro.sampler_logp - ro.old_logp).abs() * ro.mask).max()
         m.update({f"reward/{k}": v.mean() for k, v in everything.components.items()})
         m.update(collect_stats)
         m.update(stats)
@@ -381,10 +415,20 @@ class RLModule(PolicyModule):
 
     def update(self, ro: Rollout) -> dict[str, float]:
         """ppo_epochs passes; each minibatch is one optimizer step whose loss denominators cover the whole
-        minibatch, so splitting it into micro-batches (gradient accumulation) leaves the loss unchanged."""
+        minibatch, so splitting it into micro-batches (gradient accumulation) leaves the loss unchanged.
+
+        The speed switches keep the update: ``train.skip_zero_adv`` leaves out rows that add exactly 0 to the loss
+        and gradient (the denominators still count them); ``train.share_prompt_forward`` keeps a group's rows side by
+        side so a micro-batch runs each prompt once; otherwise ``train.trim_padding`` orders rows by length before
+        cutting micro-batches, so each is trimmed to little padding."""
         t, r = self.cfg.train, self.cfg.rollout
         opt, sched = self.optimizers(), self.lr_schedulers()
+        params = [p for p in self.policy.parameters() if p.requires_grad]
         B = ro.size
+        active = torch.ones(B, dtype=torch.bool, device=self.device)  # [B] rows that can carry a gradient
+        if t.skip_zero_adv and self.zero_adv_rows_inert:
+            nonzero = ro.adv != 0
+            active = (nonzero & ro.train_mask.bool()).any(1) if ro.adv.dim() == 2 else nonzero
         mb_size = t.minibatch_size or B
         assert B % mb_size == 0, f"rollout batch {B} is not divisible by train.minibatch_size={mb_size}"
         sums: dict[str, float] = defaultdict(float)
@@ -397,7 +441,17 @@ class RLModule(PolicyModule):
                 opt.zero_grad(set_to_none=True)
                 finite = True
                 step_stats: dict[str, float] = defaultdict(float)
-                for micro in mb.split(t.micro_batch_size):
+                fwd = mb[active[mb]]  # rows to run forward and backward
+                if t.share_prompt_forward:  # a group's rows side by side, so a micro-batch holds whole groups
+                    fwd = fwd.sort().values
+                elif t.trim_padding:
+                    fwd = fwd[ro.mask[fwd].sum(1).argsort(descending=True, stable=True)]
+                fwd_tokens = max(float(ro.train_mask[fwd].sum()), 1.0)
+                if len(fwd) == 0:  # nothing carries a gradient: step on zeros, as the full computation would
+                    for p in params:
+                        p.grad = torch.zeros_like(p)
+                    step_stats["loss/total"] = 0.0
+                for micro in fwd.split(t.micro_batch_size) if len(fwd) else ():
                     rows = ro.rows(micro)
                     logp, entropy = completion_logprobs(
                         self.policy,
@@ -407,22 +461,21 @@ class RLModule(PolicyModule):
                         rows["completion_mask"],
                         r.temperature,
                         with_entropy=True,
+                        **self.forward_switches,
                     )
                     loss, stats = self.loss(rows, logp, norm)
                     if not torch.isfinite(loss):
                         finite = False
                         break
                     self.manual_backward(loss)
-                    w = float(rows["mask"].sum()) / max(norm.num_tokens, 1.0)  # token-weighted stat average
+                    w = float(rows["mask"].sum()) / fwd_tokens  # token-weighted average over the rows run
                     step_stats["loss/total"] += float(loss.detach())
                     step_stats["stats/entropy"] += w * float(
                         (entropy * rows["mask"]).sum() / rows["mask"].sum().clamp(min=1)
                     )
                     for k, v in stats.items():
                         step_stats[k] += w * float(v)
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    [p for p in self.policy.parameters() if p.requires_grad], self.cfg.optim.max_grad_norm
-                )
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)
                 if not finite or not torch.isfinite(grad_norm):
                     # Non-finite loss or gradient: skip this update, count it, continue.
                     opt.zero_grad(set_to_none=True)

@@ -208,6 +208,10 @@ class PolicyGradient(RLModule):
         return self.acfg.beta > 0 and self.acfg.kl_placement != "none"
 
     @property
+    def zero_adv_rows_inert(self) -> bool:
+        return not self.needs_reference or self.acfg.kl_placement != "loss"  # policy_loss is A·f(ρ) + β·KL
+
+    @property
     def needs_greedy_baseline(self) -> bool:
         return self.acfg.advantage == "greedy_baseline"
 

@@ -156,24 +156,62 @@ def completion_logprobs(
     completion_mask,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    trim: bool = False,
+    share_prompt: bool = False,
 ):
     """Per-token log π(y_t | x, y_<t) of the completion, [B, T]; optionally the full-vocabulary entropy [B, T].
 
     Logits are divided by the sampling temperature, as in the sampler, so ratios compare like with like.
+    ``trim``: drop prompt columns that are padding in every row and completion columns past the longest completion,
+    and project only completion positions to the vocabulary; the outputs keep shape [B, T] (0 at trimmed columns).
+    ``share_prompt``: run each distinct prompt row once (a group's G rows share it) and its completions on top of its
+    KV cache, gathered per row; gradients flow through the cache into the prompt's single forward.
     """
+    T_full = completion_ids.shape[1]
+    if trim:
+        first = int(prompt_mask.any(0).nonzero().min()) if bool(prompt_mask.any()) else 0
+        T_keep = max(int(completion_mask.sum(1).max()), 1)
+        prompt_ids, prompt_mask = prompt_ids[:, first:], prompt_mask[:, first:]
+        completion_ids, completion_mask = completion_ids[:, :T_keep], completion_mask[:, :T_keep]
     ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, Tp + T]
     mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     T = completion_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
-    logits = logits[:, -T - 1 : -1]  # [B, T, V]: position t predicts completion token t
+    if share_prompt:
+        logits = _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, mask)
+    else:
+        keep = {"logits_to_keep": T + 1} if trim else {}
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), **keep).logits
+        logits = logits[:, -T - 1 : -1]  # [B, T, V]: position t predicts completion token t
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays fp64
     if temperature > 0:
         logits = logits / temperature
     logz = torch.logsumexp(logits, dim=-1)  # [B, T]
     logp = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - logz
+    logp = F.pad(logp, (0, T_full - T))  # [B, T_full]
     if not with_entropy:
         return logp, None
     with torch.no_grad():
         p = F.softmax(logits, dim=-1)
         entropy = logz - (p * logits).sum(-1)  # H = log Z - E_p[logit]
-    return logp, entropy
+    return logp, F.pad(entropy, (0, T_full - T))
+
+
+def _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, mask) -> torch.Tensor:
+    """[B, T, V] logits predicting each completion token, each distinct prompt row run once ([U, Tp], U <= B)."""
+    from transformers import DynamicCache
+
+    Tp, T = prompt_ids.shape[1], completion_ids.shape[1]
+    key = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    uniq, row_of = torch.unique(key, dim=0, return_inverse=True)  # [U, 2 Tp], [B]
+    u_ids, u_mask = uniq[:, :Tp], uniq[:, Tp:].to(prompt_mask.dtype)
+    cache = DynamicCache()
+    out = model(
+        input_ids=u_ids, attention_mask=u_mask, position_ids=position_ids(u_mask), cache=cache, logits_to_keep=1
+    )
+    first = out.logits[row_of]  # [B, 1, V]: the last prompt position predicts completion token 0
+    if T == 1:
+        return first
+    cache.batch_select_indices(row_of)  # [U, ...] -> [B, ...], differentiable gather
+    pos = position_ids(mask)[:, Tp:-1]  # completion tokens 0..T-2 as inputs
+    rest = model(input_ids=completion_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos, cache=cache).logits
+    return torch.cat([first, rest], dim=1)  # [B, T, V]

@@ -39,26 +39,46 @@ def generate(
     eos_token_id: int,
     pad_token_id: int,
     seeds: list[int],
+    share_prompt_cache: bool = False,
+    compact_finished: bool = False,
 ) -> Generation:
     """Rows p*G .. p*G+G-1 are prompt p's group; prompt p samples from its own generator seeded by ``seeds[p]``.
 
-    ``temperature == 0`` decodes greedily.
+    ``temperature == 0`` decodes greedily. Two switches change the cost, not the samples:
+    ``share_prompt_cache`` encodes each prompt once ([P, Tp] instead of [B, Tp]), projects only its last position to
+    the vocabulary, and repeats its KV cache G times;
+    ``compact_finished`` runs the model only on rows still decoding (the cache is cut down when a row emits EOS).
+    Finished rows still draw from their prompt's generator (a uniform dummy distribution: torch.multinomial consumes
+    the same random numbers whatever the probabilities), so the tokens of live rows do not change.
     """
     P, G = prompt_ids.shape[0], group_size
     assert len(seeds) == P, f"one seed per prompt: {len(seeds)} seeds for {P} prompts"
     device = prompt_ids.device
-    ids = prompt_ids.repeat_interleave(G, dim=0)  # [B, Tp]
-    attn = prompt_mask.repeat_interleave(G, dim=0)
+    attn = prompt_mask.repeat_interleave(G, dim=0)  # [B, Tp]
     pos = position_ids(attn)
     gens = [torch.Generator(device=device).manual_seed(s) for s in seeds]
     cache = DynamicCache()
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True).logits[:, -1]
+    if share_prompt_cache and G > 1:
+        logits = model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=position_ids(prompt_mask),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]  # [P, V]
+        logits = logits.repeat_interleave(G, dim=0)  # [B, V]
+        cache.batch_repeat_interleave(G)
+    else:
+        ids = prompt_ids.repeat_interleave(G, dim=0)  # [B, Tp]
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True).logits[:, -1]
     next_pos = pos[:, -1:] + 1
-    B = ids.shape[0]
+    B = attn.shape[0]
     done = torch.zeros(B, dtype=torch.bool, device=device)
+    live = torch.arange(B, device=device)  # rows the cache holds (all rows unless compact_finished)
     tokens, logps, alive = [], [], []
     for t in range(max_new_tokens):
-        logits = logits.float()
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays fp64
         if temperature > 0:
             logits = logits / temperature
         lprobs = F.log_softmax(logits, dim=-1)  # [B, V]
@@ -77,9 +97,21 @@ def generate(
         if bool(done.all()) or t == max_new_tokens - 1:
             break
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-        logits = model(
-            input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos, cache=cache, use_cache=True
-        ).logits[:, -1]
+        if compact_finished and bool(done[live].any()):
+            keep = (~done[live]).nonzero().squeeze(-1)  # positions in the cache's batch of rows still decoding
+            cache.batch_select_indices(keep)
+            live = live[keep]
+        out = model(
+            input_ids=tok[live].unsqueeze(-1),
+            attention_mask=attn[live],
+            position_ids=next_pos[live],
+            cache=cache,
+            use_cache=True,
+        ).logits[:, -1]  # [len(live), V]
+        if len(live) == B:
+            logits = out
+        else:  # finished rows get a uniform dummy distribution; their draws are discarded
+            logits = out.new_zeros(B, out.shape[-1]).index_copy_(0, live, out)
         next_pos = next_pos + 1
     mask = torch.stack(alive, 1).float()  # [B, T]
     return Generation(

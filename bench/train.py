@@ -39,6 +39,14 @@ _NOT_IN_KEY = (
     "trainer.checkpoint_every",
     "trainer.progress_bar",
     "trainer.num_threads",
+    # speed switches: same samples and updates (tests/test_perf_equivalence.py)
+    "rollout.share_prompt_cache",
+    "rollout.compact_finished",
+    "rollout.logp_from_sampler",
+    "rollout.logp_tolerance",
+    "train.skip_zero_adv",
+    "train.trim_padding",
+    "train.share_prompt_forward",
 )
 
 

@@ -1,0 +1,561 @@
+"""`make bench`: a creditbench GRPO step vs TRL's GRPOTrainer at identical work, side by side on this machine.
+
+Both systems load the same weights and tokenizer from one folder, take the same prompts in the same order, and run
+the same RL work per step: P prompts x G completions, max new tokens, temperature, learning rate, beta = 0, one
+optimizer step per rollout (TRL: num_iterations = 1), loss aggregation seq-mean-token-mean (TRL: loss_type="grpo"),
+group-std advantages, clip 0.2, gradient clipping 1.0, no vLLM. Each measurement runs in its own subprocess (so peak
+RSS is the system's own), the two systems alternate (order flipped each repetition), the first steps of each process
+are warm-up, and the table reports medians over the measured steps of all repetitions.
+
+    python scripts/bench.py                     # tiny (Countdown) + smollm2-135m (GSM8K) + per-lever table
+    python scripts/bench.py --configs tiny --reps 1 --steps 1 --warmup 0 --no-levers   # smoke
+
+FLOP estimate (documented, the same formula for both systems): a forward costs 2·N FLOPs per token and a backward
+4·N (N = parameters in matmuls, the tied embedding counted once as the LM head; attention score FLOPs ignored). The
+useful work of one step is one forward per sequence token to sample (prompt + completion, each sequence on its own)
+and one forward + backward per sequence token to train: 8·N·(B·mean prompt length + completion tokens). Achieved
+FLOP/s = that work / step time, given as a fraction of torch.matmul's float32 peak measured here with the same threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CONFIGS = {
+    # the default RL budget of conf/config.yaml (P=16, G=8, 32 new tokens, lr 1e-4) on the tiny model's SFT warm start
+    "tiny": dict(model="tiny", task="countdown", P=16, G=8, T=32, lr=1e-4, micro=64, warmup=2, steps=4),
+    # a real 135M model on GSM8K prompts (chat template): a smaller budget so a step takes seconds, not minutes
+    "smollm2": dict(model="smollm2-135m", task="gsm8k", P=2, G=4, T=32, lr=1e-6, micro=8, warmup=1, steps=1),
+}
+LEVERS = {
+    "share_prompt_cache": "rollout.share_prompt_cache",
+    "compact_finished": "rollout.compact_finished",
+    "logp_from_sampler": "rollout.logp_from_sampler",
+    "skip_zero_adv": "train.skip_zero_adv",
+    "trim_padding": "train.trim_padding",
+    "share_prompt_forward": "train.share_prompt_forward",
+}
+SYSTEMS = {
+    "creditbench": {},  # every speed switch at its default (on)
+    # the same without skipping zero-advantage groups: the machinery alone, whatever the rewards happen to be
+    "creditbench, no zero-adv skip": {"skip_zero_adv": False},
+    "trl": None,
+}
+THREADS = int(os.environ.get("BENCH_THREADS", "1"))
+"""Threads per system (BENCH_THREADS): 1 by default. The tiny model's matmuls are too small to share, and on a
+machine whose cores other jobs also use, oversubscribed threads made steps ~30x slower for both systems."""
+if not os.environ.get("BENCH_DATA") and (ROOT.parent / "shared" / "data").is_dir():
+    os.environ["BENCH_DATA"] = str(ROOT.parent / "shared" / "data")  # GSM8K prompts, as the Makefile sets it
+
+
+# ---- the model folder both systems load --------------------------------------------------------------------------
+def model_folder(name: str) -> Path:
+    """tiny: a cached SFT warm start of the tiny model (trained once if none exists: random weights would score 0
+    everywhere and leave nothing to train); smollm2-135m: the HF folder converted from the GGUF package."""
+    from bench.config import compose
+    from bench.policy import gguf_folder
+
+    cache = ROOT / ".cache"
+    if name == "tiny":
+        done = sorted(cache.glob("sft/countdown-tiny-s0-*/DONE"))
+        if done:
+            return done[-1].parent
+        from bench.train import ensure_sft
+
+        return ensure_sft(compose(["model=tiny", "task=countdown", "algorithm=grpo", "init=sft"]))
+    m = compose([f"model={name}", "task=gsm8k", "algorithm=grpo"]).model
+    return gguf_folder(m.gguf_package, m.gguf_file, cache)
+
+
+# ---- children: one system, one process --------------------------------------------------------------------------
+def _task_and_batches(c: dict, tokenizer, steps: int):
+    """The task and the prompts of steps 0..steps-1 exactly as creditbench's train stream yields them."""
+    from omegaconf import OmegaConf
+
+    from bench.config import compose
+    from bench.registry import TASKS
+
+    cfg = OmegaConf.to_object(compose([f"model={c['model']}", f"task={c['task']}", "algorithm=grpo"]))
+    task = TASKS.get(c["task"])(cfg.task, tokenizer, seed=0, prompts_per_step=c["P"], train_stream="prompts")
+    it = iter(task.train_dataloader())
+    return task, [next(it)["examples"] for _ in range(steps)]
+
+
+def creditbench_args(c: dict, folder: Path, levers: dict[str, bool]) -> list[str]:
+    args = [
+        f"model={c['model']}",
+        f"task={c['task']}",
+        "algorithm=grpo",
+        "algorithm.beta=0",
+        f"init={folder}",
+        f"rollout.prompts_per_step={c['P']}",
+        f"rollout.group_size={c['G']}",
+        f"rollout.max_new_tokens={c['T']}",
+        "rollout.temperature=1.0",
+        "rollout.top_p=1.0",
+        f"optim.lr={c['lr']}",
+        f"train.micro_batch_size={c['micro']}",
+        f"trainer.max_steps={c['warmup'] + c['steps']}",
+        f"trainer.num_threads={THREADS}",
+        "trainer.accelerator=cpu",
+        "trainer.progress_bar=false",
+    ]
+    return args + [f"{LEVERS[k]}={v}" for k, v in levers.items()]
+
+
+def run_creditbench(c: dict, folder: Path, levers: dict[str, bool]) -> dict:
+    import lightning as L
+    import torch
+    from omegaconf import OmegaConf
+
+    from bench.config import compose
+    from bench.policy import load_policy
+    from bench.registry import ALGORITHMS, TASKS
+
+    torch.set_num_threads(THREADS)
+    cfg = OmegaConf.to_object(compose(creditbench_args(c, folder, levers)))
+    L.seed_everything(0, verbose=False)
+    policy, tok = load_policy(cfg.model, cfg.seed, folder)
+    task = TASKS.get(c["task"])(
+        cfg.task, tok, seed=cfg.seed, prompts_per_step=c["P"], train_stream="prompts", batch_size=cfg.train.batch_size
+    )
+    module = ALGORITHMS.get("grpo")(cfg, policy, tok, task)
+    steps: list[dict] = []
+    module.evaluate = lambda: {}  # the benchmark times training steps only
+    module.log_metrics = lambda m: steps.append({k: float(v) for k, v in m.items()})
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=-1,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        default_root_dir=tempfile.mkdtemp(prefix="bench-cb-"),
+    )
+    trainer.fit(module, datamodule=task)
+    _, batches = _task_and_batches(c, tok, len(steps))
+    out = []
+    for m in steps:
+        out.append(
+            {
+                "step": m["time/step"],
+                "generation": m["time/generation"],
+                "scoring": m["time/scoring"],
+                "update": m["time/update"],
+                "completion_tokens": m["rollout/generated_tokens"],
+                "loss": m.get("loss/total", float("nan")),
+                "zero_var_frac": m["rollout/zero_var_group_frac"],
+            }
+        )
+    return {"steps": out, "params": _matmul_params(policy), "prompt_len": _prompt_len(task, tok, batches)}
+
+
+def run_trl(c: dict, folder: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(THREADS)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    n_steps = c["warmup"] + c["steps"]
+    task, batches = _task_and_batches(c, tok, n_steps)
+    by_uid = {e.uid: e for b in batches for e in b}
+    rows = [{"prompt": task.render_prompt(e), "uid": e.uid} for b in batches for e in b]
+    timer = {"generation": 0.0, "scoring": 0.0}
+
+    def reward(prompts, completions, uid, **kwargs):
+        t0 = time.perf_counter()
+        out = [task.reward(by_uid[u], text).score for u, text in zip(uid, completions, strict=True)]
+        timer["scoring"] += time.perf_counter() - t0
+        return out
+
+    B = c["P"] * c["G"]
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="bench-trl-"),
+        per_device_train_batch_size=c["micro"],
+        gradient_accumulation_steps=B // c["micro"],  # one optimizer step = one generation batch of P x G
+        num_generations=c["G"],
+        max_completion_length=c["T"],
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=c["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        num_iterations=1,
+        epsilon=0.2,
+        loss_type="grpo",  # seq-mean-token-mean, as creditbench's GRPO
+        scale_rewards="group",
+        mask_truncated_completions=False,
+        shuffle_dataset=False,  # the prompts in creditbench's order
+        max_steps=n_steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    records: list[dict] = []
+
+    class Timing(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            timer.update(generation=0.0, scoring=0.0)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            records.append({"step": time.perf_counter() - self.t0, **timer})
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs and records:
+                records[-1]["completion_tokens"] = logs["completions/mean_length"] * B
+                records[-1]["loss"] = logs.get("loss", float("nan"))
+
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        callbacks=[Timing()],
+    )
+    generate = trainer._generate
+
+    def timed_generate(prompts):
+        t0 = time.perf_counter()
+        out = generate(prompts)
+        timer["generation"] += time.perf_counter() - t0
+        return out
+
+    trainer._generate = timed_generate
+    check: dict = {}
+    compute_loss = trainer.compute_loss
+
+    def checked_compute_loss(model, inputs, *a, **kw):
+        loss = compute_loss(model, inputs, *a, **kw)
+        if not check:  # first micro-batch: creditbench's GRPO loss on TRL's own rollout rows and advantages
+            check.update(same_loss(model, inputs, loss, B))
+        return loss
+
+    trainer.compute_loss = checked_compute_loss
+    trainer.train()
+    for r in records:
+        r["update"] = r["step"] - r["generation"] - r["scoring"]
+    return {
+        "steps": records,
+        "params": _matmul_params(model),
+        "prompt_len": _prompt_len(task, tok, batches),
+        "loss_check": check,
+    }
+
+
+def same_loss(model, inputs: dict, trl_loss, B: int) -> dict:
+    """creditbench's GRPO loss (bench.objective.policy_loss via algorithms/grpo.py, beta 0) on the rows TRL is about to
+    train on, with TRL's advantages and the step's denominators; -> |Δloss| and max |Δgrad| against TRL's loss."""
+    import torch
+
+    from algorithms.grpo import GRPOConfig, grpo_loss
+    from bench.losses import Norm
+    from bench.policy import completion_logprobs
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    mask = inputs["completion_mask"].float()
+    logp, _ = completion_logprobs(
+        model, inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"], mask, temperature=1.0
+    )
+    norm = Norm(num_seqs=B, num_tokens=float(mask.sum()), budget=mask.shape[1])
+    ours, _ = grpo_loss(logp, logp.detach(), inputs["advantages"], mask, GRPOConfig(beta=0.0), norm)
+    g_ours = torch.autograd.grad(ours, params)
+    g_trl = torch.autograd.grad(trl_loss, params, retain_graph=True)
+    return {
+        "rows": int(mask.shape[0]),
+        "loss_trl": float(trl_loss),
+        "loss_creditbench": float(ours),
+        "abs_loss_diff": abs(float(trl_loss) - float(ours)),
+        "max_abs_grad_diff": max(float((a - b).abs().max()) for a, b in zip(g_ours, g_trl, strict=True)),
+        "max_abs_grad": max(float(a.abs().max()) for a in g_trl),
+    }
+
+
+def _matmul_params(model) -> int:
+    """Parameters that enter matmuls: unique tensors (a tied embedding counts once, as the LM head), no norms."""
+    seen, n = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen and p.dim() >= 2:
+            seen.add(id(p))
+            n += p.numel()
+    return n
+
+
+def _prompt_len(task, tok, batches) -> float:
+    add = not getattr(tok, "chat_template", None)
+    lens = [len(tok(task.render_prompt(e), add_special_tokens=add).input_ids) for b in batches for e in b]
+    return sum(lens) / len(lens)
+
+
+def child(ns) -> None:
+    spec = json.loads(ns.child)
+    c, folder = spec["config"], Path(spec["folder"])
+    if spec["system"] == "trl":
+        out = run_trl(c, folder)
+    else:
+        out = run_creditbench(c, folder, spec["levers"])
+    out["steps"] = out["steps"][c["warmup"] :]
+    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("BENCH-RESULT " + json.dumps(out), flush=True)
+
+
+def spawn(system: str, c: dict, folder: Path, levers: dict | None = None) -> dict:
+    spec = json.dumps({"system": system, "config": c, "folder": str(folder), "levers": levers or {}})
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", spec], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("BENCH-RESULT "):
+            return json.loads(line[len("BENCH-RESULT ") :])
+    tail = f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    raise RuntimeError(f"{system} child failed (rc {proc.returncode}):\n{tail}")
+
+
+# ---- the parent: alternate, aggregate, write the table ---------------------------------------------------------
+def matmul_peak(n: int = 2048, reps: int = 5) -> float:
+    """Best float32 torch.matmul FLOP/s over a few repetitions, with the benchmark's thread count."""
+    import torch
+
+    torch.set_num_threads(THREADS)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.matmul(a, b)
+    best = 0.0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(4):
+            torch.matmul(a, b)
+        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t0))
+    return best
+
+
+def summarise(results: list[dict], B: int) -> dict:
+    steps = [s for r in results for s in r["steps"]]
+    med = {k: statistics.median(s[k] for s in steps) for k in ("step", "generation", "scoring", "update")}
+    tokens = statistics.median(s.get("completion_tokens", float("nan")) for s in steps)
+    n, tp = results[0]["params"], results[0]["prompt_len"]
+    flops = 8 * n * (B * tp + tokens)
+    return {
+        **med,
+        "tokens_per_step": tokens,
+        "tokens_per_s": statistics.median(s["completion_tokens"] / s["step"] for s in steps),
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
+        "flops_per_step": flops,
+        "flops_per_s": flops / med["step"],
+        "n_steps": len(steps),
+        "losses": [s.get("loss") for s in steps],
+        "zero_var_frac": statistics.median(s.get("zero_var_frac", float("nan")) for s in steps),
+    }
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    import torch
+    import transformers
+
+    try:
+        import trl
+
+        trl_v = trl.__version__
+    except ImportError:
+        trl_v = "not installed"
+    return (
+        f"{cpu}, {os.cpu_count()} CPU cores, {mem:.0f} GiB RAM, no GPU; Python {platform.python_version()}, "
+        f"torch {torch.__version__} ({THREADS} threads), transformers {transformers.__version__}, trl {trl_v}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--reps", type=int, default=3, help="processes per system and configuration (order alternates)")
+    ap.add_argument("--steps", type=int, default=None, help="measured steps per process (default: per config)")
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up steps per process (default: per config)")
+    ap.add_argument("--smollm2-reps", type=int, default=1)
+    ap.add_argument("--no-levers", action="store_true", help="skip the per-lever table (tiny, creditbench only)")
+    ap.add_argument("--lever-reps", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ns = ap.parse_args()
+    if ns.child:
+        return child(ns)
+
+    peak = matmul_peak()
+    print(f"machine: {machine()}\nmatmul peak (float32, {THREADS} threads): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    override = {k: v for k, v in (("steps", ns.steps), ("warmup", ns.warmup)) if v is not None}
+    rows, lever_rows, checks, raw = [], [], {}, {}
+    for name in ns.configs:
+        c = {**CONFIGS[name], **override}
+        folder = model_folder(c["model"])
+        res = {k: [] for k in SYSTEMS}
+        for rep in range(ns.smollm2_reps if name == "smollm2" else ns.reps):
+            for system in list(SYSTEMS) if rep % 2 == 0 else list(SYSTEMS)[::-1]:
+                t0 = time.perf_counter()
+                switches = SYSTEMS[system]
+                r = spawn("trl" if switches is None else "creditbench", c, folder, switches)
+                res[system].append(r)
+                med = statistics.median(s["step"] for s in r["steps"])
+                print(
+                    f"[{name}] rep {rep} {system:30s} median step {med:.2f}s  peak RSS {r['peak_rss_mib']:.0f} MiB  "
+                    f"({time.perf_counter() - t0:.0f}s)",
+                    flush=True,
+                )
+        s = {k: summarise(v, c["P"] * c["G"]) for k, v in res.items()}
+        raw[name] = {"config": c, "folder": str(folder), **res}
+        rows.append((name, c, s))
+        checks[name] = res["trl"][0]["loss_check"]
+        print(table([(name, c, s)], peak), flush=True)
+    if not ns.no_levers and "tiny" in ns.configs:
+        lever_rows = levers({**CONFIGS["tiny"], **override}, ns.lever_reps)
+        raw["levers"] = lever_rows
+        print(lever_table(lever_rows), flush=True)
+    peak = max(peak, matmul_peak())  # the machine is shared: the best of before and after
+    raw["matmul_peak_flops"] = peak
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = report(rows, lever_rows, peak, checks)
+    (out / "bench.md").write_text(text)
+    (out / "bench.json").write_text(json.dumps(raw, indent=1, default=str))
+    print("\n" + text + f"\nwrote {out / 'bench.md'} and {out / 'bench.json'}")
+
+
+def levers(c: dict, reps: int) -> list[tuple[str, dict]]:
+    """creditbench alone on the tiny configuration: all switches off (the plain path), each one on by itself, all
+    on; the variants alternate within each repetition."""
+    folder = model_folder("tiny")
+    off = {k: False for k in LEVERS}
+    variants = [("plain (all off)", off)] + [(f"+ {k}", {**off, k: True}) for k in LEVERS]
+    variants.append(("all on", {k: True for k in LEVERS}))
+    res: dict[str, list] = {v: [] for v, _ in variants}
+    for rep in range(reps):
+        for label, lv in variants if rep % 2 == 0 else variants[::-1]:
+            r = spawn("creditbench", c, folder, lv)
+            res[label].append(r)
+            print(
+                f"[levers] rep {rep} {label:24s} median step {statistics.median(s['step'] for s in r['steps']):.2f}s",
+                flush=True,
+            )
+    return [(label, summarise(res[label], c["P"] * c["G"])) for label, _ in variants]
+
+
+def table(rows, peak: float) -> str:
+    head = (
+        "| config | system | step (s) | generation (s) | scoring (s) | update (s) | completion tok/step "
+        "| completion tok/s | peak RSS (MiB) | nominal GFLOP/s (% of matmul peak) | speed-up vs TRL |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for name, _, s in rows:
+        for system in SYSTEMS:
+            x = s[system]
+            lines.append(
+                f"| {name} | {system} | {x['step']:.2f} | {x['generation']:.2f} | {x['scoring']:.3f} "
+                f"| {x['update']:.2f} | {x['tokens_per_step']:.0f} | {x['tokens_per_s']:.0f} | {x['peak_rss_mib']:.0f} "
+                f"| {x['flops_per_s'] / 1e9:.1f} ({100 * x['flops_per_s'] / peak:.0f}%) "
+                f"| {s['trl']['step'] / x['step']:.2f}x |"
+            )
+    return head + "\n".join(lines)
+
+
+def lever_table(rows) -> str:
+    base = rows[0][1]["step"]
+    head = (
+        "| variant | step (s) | generation (s) | update (s) | completion tok/s | speed-up vs plain |\n"
+        "|---|---|---|---|---|---|\n"
+    )
+    return head + "\n".join(
+        f"| {label} | {s['step']:.2f} | {s['generation']:.2f} | {s['update']:.2f} | {s['tokens_per_s']:.0f} "
+        f"| {base / s['step']:.2f}x |"
+        for label, s in rows
+    )
+
+
+def report(rows, lever_rows, peak: float, checks: dict) -> str:
+    cfg_lines = "\n".join(
+        f"- **{name}**: model `{c['model']}`, task `{c['task']}`, P = {c['P']} prompts x G = {c['G']} completions, "
+        f"{c['T']} max new tokens, temperature 1.0, lr {c['lr']}, beta 0, 1 optimizer step per rollout, "
+        f"micro-batch {c['micro']}; {c['warmup']} warm-up + {c['steps']} measured steps per process, "
+        f"{s['creditbench']['n_steps']} measured steps per system in all; zero-variance groups (median) "
+        f"{s['creditbench']['zero_var_frac']:.2f}"
+        for name, c, s in rows
+    )
+    check_lines = "\n".join(
+        f"- **{name}**: {k['rows']} rows, TRL loss {k['loss_trl']:.6g}, creditbench loss {k['loss_creditbench']:.6g} "
+        f"(|Δ| {k['abs_loss_diff']:.1e}); max |Δgrad| {k['max_abs_grad_diff']:.1e} (max |grad| {k['max_abs_grad']:.1e})"
+        for name, k in checks.items()
+    )
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    parts = [
+        "# creditbench GRPO vs TRL GRPOTrainer, side by side",
+        "",
+        f"Machine: {machine()}. Matmul peak (float32 torch.matmul 2048², {THREADS} thread(s), best of the runs "
+        f"before and after): {peak / 1e9:.1f} GFLOP/s. No GPU was lent to this task: CPU only.",
+        f"Generated by `make bench` (`python scripts/bench.py`) on {stamp}.",
+        "",
+        cfg_lines,
+        "",
+        "Medians over the measured steps of all processes; each system ran in its own processes, alternating with the "
+        "other (order flipped each repetition), on a machine other jobs were also using (so absolute times are noisy; "
+        "the ratio is the measurement). Peak RSS: the largest ru_maxrss among the system's processes. Speed-up: TRL's "
+        "median step time / this row's. Update = step − generation − scoring (TRL: also its advantage and "
+        "bookkeeping work; creditbench: behaviour log-probs, advantages, forward/backward, optimizer). Nominal FLOP/s: "
+        "8·N·(B·mean prompt length + completion tokens) per step, the work of the plain computation (one forward per "
+        "sequence token to sample, forward + backward to train; N = matmul parameters, attention scores ignored), "
+        "over the step time; creditbench skips part of that work (shared prompts, zero-advantage rows), so its "
+        "nominal rate can exceed the matmul peak.",
+        "",
+        table(rows, peak),
+        "",
+        "Same loss on the same rollouts: on TRL's first micro-batch, creditbench's GRPO loss (algorithms/grpo.py, "
+        "beta 0) with TRL's rows and advantages, against TRL's own loss and gradients:",
+        "",
+        check_lines,
+    ]
+    if lever_rows:
+        parts += ["", "## Each speed switch on the tiny configuration (creditbench alone)", "", lever_table(lever_rows)]
+    return "\n".join(parts) + "\n"
+
+
+if __name__ == "__main__":
+    main()
