@@ -116,7 +116,9 @@ def creditbench_args(c: dict, folder: Path, levers: dict[str, bool]) -> list[str
     return args + [f"{LEVERS[k]}={v}" for k, v in levers.items()]
 
 
-def run_creditbench(c: dict, folder: Path, levers: dict[str, bool]) -> dict:
+def run_creditbench(c: dict, folder: Path, levers: dict[str, bool], schedule: list[dict] | None = None) -> dict:
+    """creditbench's GRPO through its own RLModule and Lightning (no MLflow, no evaluation). ``schedule``: switch
+    settings applied in turn, one per training step, so variants interleave step by step in one process."""
     import lightning as L
     import torch
     from omegaconf import OmegaConf
@@ -136,6 +138,16 @@ def run_creditbench(c: dict, folder: Path, levers: dict[str, bool]) -> dict:
     steps: list[dict] = []
     module.evaluate = lambda: {}  # the benchmark times training steps only
     module.log_metrics = lambda m: steps.append({k: float(v) for k, v in m.items()})
+    if schedule:
+        training_step = module.training_step
+
+        def switched_step(batch, batch_idx):
+            for key, on in schedule[module.step_count % len(schedule)].items():
+                section, field = LEVERS[key].split(".")
+                setattr(getattr(cfg, section), field, on)  # read afresh by every step
+            return training_step(batch, batch_idx)
+
+        module.training_step = switched_step
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
@@ -152,9 +164,10 @@ def run_creditbench(c: dict, folder: Path, levers: dict[str, bool]) -> dict:
     trainer.fit(module, datamodule=task)
     _, batches = _task_and_batches(c, tok, len(steps))
     out = []
-    for m in steps:
+    for i, m in enumerate(steps):
         out.append(
             {
+                "variant": i % len(schedule) if schedule else 0,
                 "step": m["time/step"],
                 "generation": m["time/generation"],
                 "scoring": m["time/scoring"],
@@ -259,10 +272,14 @@ def run_trl(c: dict, folder: Path) -> dict:
     compute_loss = trainer.compute_loss
 
     def checked_compute_loss(model, inputs, *a, **kw):
-        loss = compute_loss(model, inputs, *a, **kw)
         if not check:  # first micro-batch: creditbench's GRPO loss on TRL's own rollout rows and advantages
-            check.update(same_loss(model, inputs, loss, B))
-        return loss
+            probe = inputs
+            if not bool(inputs["advantages"].any()):  # all-zero advantages would make the check vacuous
+                gen = torch.Generator().manual_seed(0)
+                probe = {**inputs, "advantages": torch.randn(inputs["advantages"].shape, generator=gen)}
+            check.update(same_loss(model, probe, compute_loss(model, probe, *a, **kw), B))
+            check["synthetic_advantages"] = probe is not inputs
+        return compute_loss(model, inputs, *a, **kw)
 
     trainer.compute_loss = checked_compute_loss
     trainer.train()
@@ -326,14 +343,15 @@ def child(ns) -> None:
     if spec["system"] == "trl":
         out = run_trl(c, folder)
     else:
-        out = run_creditbench(c, folder, spec["levers"])
+        out = run_creditbench(c, folder, spec["levers"], spec.get("schedule"))
     out["steps"] = out["steps"][c["warmup"] :]
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("BENCH-RESULT " + json.dumps(out), flush=True)
 
 
-def spawn(system: str, c: dict, folder: Path, levers: dict | None = None) -> dict:
-    spec = json.dumps({"system": system, "config": c, "folder": str(folder), "levers": levers or {}})
+def spawn(system: str, c: dict, folder: Path, levers: dict | None = None, schedule: list | None = None) -> dict:
+    spec = {"system": system, "config": c, "folder": str(folder), "levers": levers or {}, "schedule": schedule}
+    spec = json.dumps(spec)
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
         [sys.executable, __file__, "--child", spec], capture_output=True, text=True, env=env, cwd=ROOT
@@ -409,12 +427,13 @@ def machine() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    ap.add_argument("--reps", type=int, default=3, help="processes per system and configuration (order alternates)")
+    ap.add_argument("--reps", type=int, default=4, help="processes per system and configuration (order alternates)")
     ap.add_argument("--steps", type=int, default=None, help="measured steps per process (default: per config)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps per process (default: per config)")
     ap.add_argument("--smollm2-reps", type=int, default=1)
     ap.add_argument("--no-levers", action="store_true", help="skip the per-lever table (tiny, creditbench only)")
-    ap.add_argument("--lever-reps", type=int, default=2)
+    ap.add_argument("--lever-reps", type=int, default=3, help="processes for the per-switch table")
+    ap.add_argument("--lever-rounds", type=int, default=4, help="measured steps per variant per process")
     ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ns = ap.parse_args()
@@ -447,7 +466,7 @@ def main() -> None:
         checks[name] = res["trl"][0]["loss_check"]
         print(table([(name, c, s)], peak), flush=True)
     if not ns.no_levers and "tiny" in ns.configs:
-        lever_rows = levers({**CONFIGS["tiny"], **override}, ns.lever_reps)
+        lever_rows = levers({**CONFIGS["tiny"], **override}, ns.lever_reps, ns.lever_rounds)
         raw["levers"] = lever_rows
         print(lever_table(lever_rows), flush=True)
     peak = max(peak, matmul_peak())  # the machine is shared: the best of before and after
@@ -460,22 +479,26 @@ def main() -> None:
     print("\n" + text + f"\nwrote {out / 'bench.md'} and {out / 'bench.json'}")
 
 
-def levers(c: dict, reps: int) -> list[tuple[str, dict]]:
-    """creditbench alone on the tiny configuration: all switches off (the plain path), each one on by itself, all
-    on; the variants alternate within each repetition."""
+def levers(c: dict, reps: int, rounds: int) -> list[tuple[str, dict]]:
+    """creditbench alone on the tiny configuration: all switches off (the plain path), each one on by itself, all on.
+    The variants take turns step by step inside each process (one warm-up round, then ``rounds``), so a change in the
+    machine's load hits them all alike; the order is reversed in every other process."""
     folder = model_folder("tiny")
     off = {k: False for k in LEVERS}
     variants = [("plain (all off)", off)] + [(f"+ {k}", {**off, k: True}) for k in LEVERS]
     variants.append(("all on", {k: True for k in LEVERS}))
-    res: dict[str, list] = {v: [] for v, _ in variants}
+    n = len(variants)
+    res: dict[str, list] = {label: [] for label, _ in variants}
     for rep in range(reps):
-        for label, lv in variants if rep % 2 == 0 else variants[::-1]:
-            r = spawn("creditbench", c, folder, lv)
-            res[label].append(r)
-            print(
-                f"[levers] rep {rep} {label:24s} median step {statistics.median(s['step'] for s in r['steps']):.2f}s",
-                flush=True,
-            )
+        order = list(range(n)) if rep % 2 == 0 else list(range(n))[::-1]
+        r = spawn(
+            "creditbench", {**c, "warmup": n, "steps": n * rounds}, folder, schedule=[variants[i][1] for i in order]
+        )
+        for i in range(n):  # one result per variant, with that variant's steps
+            steps = [st for st in r["steps"] if st["variant"] == i]
+            res[variants[order[i]][0]].append({**r, "steps": steps})
+        meds = [statistics.median(st["step"] for st in r["steps"] if st["variant"] == i) for i in range(n)]
+        print(f"[levers] rep {rep}: " + ", ".join(f"{variants[order[i]][0]} {meds[i]:.2f}s" for i in range(n)))
     return [(label, summarise(res[label], c["P"] * c["G"])) for label, _ in variants]
 
 
@@ -511,6 +534,9 @@ def lever_table(rows) -> str:
     )
 
 
+SYNTHETIC = " (TRL's advantages were all 0, which would make the check vacuous: N(0,1) advantages instead)"
+
+
 def report(rows, lever_rows, peak: float, checks: dict) -> str:
     cfg_lines = "\n".join(
         f"- **{name}**: model `{c['model']}`, task `{c['task']}`, P = {c['P']} prompts x G = {c['G']} completions, "
@@ -521,7 +547,8 @@ def report(rows, lever_rows, peak: float, checks: dict) -> str:
         for name, c, s in rows
     )
     check_lines = "\n".join(
-        f"- **{name}**: {k['rows']} rows, TRL loss {k['loss_trl']:.6g}, creditbench loss {k['loss_creditbench']:.6g} "
+        f"- **{name}**: {k['rows']} rows{SYNTHETIC if k.get('synthetic_advantages') else ''}, "
+        f"TRL loss {k['loss_trl']:.6g}, creditbench loss {k['loss_creditbench']:.6g} "
         f"(|Δ| {k['abs_loss_diff']:.1e}); max |Δgrad| {k['max_abs_grad_diff']:.1e} (max |grad| {k['max_abs_grad']:.1e})"
         for name, k in checks.items()
     )
