@@ -38,7 +38,7 @@ CONFIGS = {
     # the default RL budget of conf/config.yaml (P=16, G=8, 32 new tokens, lr 1e-4) on the tiny model's SFT warm start
     "tiny": dict(model="tiny", task="countdown", P=16, G=8, T=32, lr=1e-4, micro=64, warmup=2, steps=4),
     # a real 135M model on GSM8K prompts (chat template): a smaller budget so a step takes seconds, not minutes
-    "smollm2": dict(model="smollm2-135m", task="gsm8k", P=2, G=4, T=32, lr=1e-6, micro=8, warmup=1, steps=1),
+    "smollm2": dict(model="smollm2-135m", task="gsm8k", P=2, G=4, T=32, lr=1e-6, micro=8, warmup=1, steps=2),
 }
 LEVERS = {
     "share_prompt_cache": "rollout.share_prompt_cache",
@@ -430,7 +430,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=4, help="processes per system and configuration (order alternates)")
     ap.add_argument("--steps", type=int, default=None, help="measured steps per process (default: per config)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps per process (default: per config)")
-    ap.add_argument("--smollm2-reps", type=int, default=1)
+    ap.add_argument("--smollm2-reps", type=int, default=2)
     ap.add_argument("--no-levers", action="store_true", help="skip the per-lever table (tiny, creditbench only)")
     ap.add_argument("--lever-reps", type=int, default=3, help="processes for the per-switch table")
     ap.add_argument("--lever-rounds", type=int, default=4, help="measured steps per variant per process")
