@@ -142,19 +142,28 @@ def eval_settings(cell: Cell) -> str:
     return config_hash({"eval": cell.cfg.eval} | {k: task.get(k) for k in keys}) + str(cell.cfg.rollout.max_new_tokens)
 
 
-def variant(cell: Cell) -> str:
-    parts = [f"{k.split('.')[-1]}={v}" for k, v in cell.axes.items() if k not in ("task", "seed", "algorithm")]
-    algo = str(cell.axes.get("algorithm", cell.cfg.algorithm.name))
-    return " ".join([algo, *parts])
+def variants(cells: list[Cell]) -> dict[str, str]:
+    """Cell id -> its row label: the algorithm, plus each other axis (not task or seed) whose value varies among that
+    algorithm's cells (an axis held fixed for an algorithm by the excludes says nothing about it)."""
+
+    def algo(c: Cell) -> str:
+        return str(c.axes.get("algorithm", c.cfg.algorithm.name))
+
+    varying = {
+        a: [k for k in cells[0].axes if k not in ("task", "seed", "algorithm")
+            and len({str(c.axes[k]) for c in cells if algo(c) == a}) > 1]
+        for a in {algo(c) for c in cells}
+    }  # fmt: skip
+    return {c.id: " ".join([algo(c), *(f"{k.split('.')[-1]}={c.axes[k]}" for k in varying[algo(c)])]) for c in cells}
 
 
-def group(runs: list[RunStats], cells: list[Cell]) -> list[Group]:
+def group(runs: list[RunStats], cells: list[Cell], labels: dict[str, str]) -> list[Group]:
     groups: dict[tuple[str, str], Group] = {}
     for c in cells:
-        g = groups.setdefault((c.cfg.task.name, variant(c)), Group(c.cfg.task.name, variant(c)))
-        g.planned += 1
+        key = (c.cfg.task.name, labels[c.id])
+        groups.setdefault(key, Group(*key)).planned += 1
     for r in runs:
-        groups[(r.cell.cfg.task.name, variant(r.cell))].runs.append(r)
+        groups[(r.cell.cfg.task.name, labels[r.cell.id])].runs.append(r)
     return list(groups.values())
 
 
@@ -287,7 +296,8 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
         )
     out = Path(out or spec.report.out or ROOT / "results" / spec.name)
     out.mkdir(parents=True, exist_ok=True)
-    groups = group(runs, cells)
+    labels = variants(cells)
+    groups = group(runs, cells, labels)
     tasks = sorted({g.task for g in groups})
     threshold = {
         t: spec.report.threshold
@@ -306,7 +316,7 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
                     "tokens_to_threshold", "completion_len", "tokens_per_s", "s_per_step", "wall_clock_s"])  # fmt: skip
         for r in runs:
             t = r.cell.cfg.task.name
-            w.writerow([t, variant(r.cell), r.cell.cfg.seed, r.cell.id, r.run_id, r.final, r.best, r.auc,
+            w.writerow([t, labels[r.cell.id], r.cell.cfg.seed, r.cell.id, r.run_id, r.final, r.best, r.auc,
                         r.to_threshold(threshold[t], "step"), r.to_threshold(threshold[t], "tokens"),
                         r.completion_len, r.tokens_per_s, r.s_per_step, r.wall_clock_s])  # fmt: skip
     for a in X_AXES:

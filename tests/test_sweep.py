@@ -87,6 +87,23 @@ def test_shipped_sweeps_plan(name):
     assert {c.cfg.eval.temperature for c in cells} == {cells[0].cfg.eval.temperature}
 
 
+def test_report_labels_show_only_the_axes_that_vary_for_an_algorithm(tmp_path):
+    from bench.report import variants
+
+    p = write_sweep(
+        tmp_path,
+        "labels",
+        {"algorithm": ["grpo", "gtpo"], "algorithm.dynamic_sampling": [False, True], "seed": [0, 1]},
+        exclude=[{"algorithm": "grpo", "algorithm.dynamic_sampling": True}],
+    )
+    _, cells = load_plan(str(p))
+    assert sorted(set(variants(cells).values())) == [
+        "grpo",
+        "gtpo dynamic_sampling=False",
+        "gtpo dynamic_sampling=True",
+    ]
+
+
 def test_plan_rejects_a_bad_axis_key_naming_the_cell(tmp_path):
     p = write_sweep(tmp_path, "bad", {"algorithm": ["grpo"], "algorithm.clip_eps_hihg": [0.2]})
     with pytest.raises(ConfigError, match=r"cell .*clip_eps_hihg.*clip_eps_high"):
