@@ -371,7 +371,9 @@ class Sweep:
         parent = self.parent_run()
         self.stale_warm_starts()
         paths = {c.id: self.cell_config(c, parent, threads) for c in self.cells}
-        todo = [c for c in self.cells if self.prepare(c) is not None]
+        # One query for what is already done; each remaining cell is reconciled (resume / clean restart) when it runs.
+        finished = {r.data.tags.get("sweep.cell") for r in self.runs(role="cell") if r.info.status == "FINISHED"}
+        todo = [c for c in self.cells if c.id not in finished]
         done0 = len(self.cells) - len(todo)
         progress = Progress(self.spec.name, len(self.cells), done0, workers)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
