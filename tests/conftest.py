@@ -6,8 +6,15 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from bench import ROOT
+
+# CI draws the same examples on every run (a red CI is then reproducible, never a lucky draw); locally each run
+# explores new examples. Select with HYPOTHESIS_PROFILE=ci (set by .ci/run).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 SMALL = [
     "model.hidden_size=32",

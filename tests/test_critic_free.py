@@ -494,11 +494,11 @@ def test_padding_columns_change_nothing(name, batch, extra, junk):
     for key in ("logp", "old_logp", "ref_logp"):
         padded[key] = torch.cat([batch[key], torch.full((B, extra), junk, dtype=F64)], 1)
     got = run_path(cfg, padded)
-    assert torch.allclose(got.R, want.R, rtol=1e-12, atol=1e-15), f"{name}: R {got.R.tolist()} != {want.R.tolist()}"
+    assert torch.allclose(got.R, want.R, rtol=1e-12, atol=1e-12), f"{name}: R {got.R.tolist()} != {want.R.tolist()}"
     got_adv = got.adv[:, :T] if got.adv.dim() == 2 else got.adv
     assert torch.allclose(got_adv, want.adv, rtol=1e-12, atol=1e-12), f"{name}: Â {got.adv.tolist()}"
-    assert torch.allclose(got.loss, want.loss, rtol=1e-12, atol=1e-15), f"{name}: {got.loss.item()} != {want.loss}"
-    assert torch.allclose(got.grad[:, :T], want.grad, rtol=1e-12, atol=1e-15), (
+    assert torch.allclose(got.loss, want.loss, rtol=1e-12, atol=1e-12), f"{name}: {got.loss.item()} != {want.loss}"
+    assert torch.allclose(got.grad[:, :T], want.grad, rtol=1e-12, atol=1e-12), (
         f"{name}: {got.grad[:, :T].tolist()} != {want.grad.tolist()}"
     )
     assert (got.grad[:, T:] == 0).all(), f"{name}: padding gradient {got.grad[:, T:].tolist()}"
@@ -688,8 +688,8 @@ def test_dapo_reduces_to_grpo(batch):
     )
     a, b = run_path(dapo, batch), run_path(grpo, batch)
     assert torch.equal(a.R, b.R) and torch.equal(a.adv, b.adv), f"R {a.R} / {b.R}, Â {a.adv} / {b.adv}"
-    assert torch.allclose(a.loss, b.loss, rtol=1e-12, atol=1e-15), f"DAPO {a.loss.item()} != GRPO {b.loss.item()}"
-    assert torch.allclose(a.grad, b.grad, rtol=1e-12, atol=1e-15), f"DAPO {a.grad.tolist()} != GRPO {b.grad.tolist()}"
+    assert torch.allclose(a.loss, b.loss, rtol=1e-12, atol=1e-12), f"DAPO {a.loss.item()} != GRPO {b.loss.item()}"
+    assert torch.allclose(a.grad, b.grad, rtol=1e-12, atol=1e-12), f"DAPO {a.grad.tolist()} != GRPO {b.grad.tolist()}"
 
 
 @PROPS
@@ -709,8 +709,8 @@ def test_gspo_token_with_sequence_constant_advantages_is_gspo(batch, token_shape
         loss.backward()
         out.append((loss.detach(), logp.grad))
     (la, ga), (lb, gb) = out
-    assert torch.allclose(lb, la, rtol=1e-12, atol=1e-15), f"GSPO-token {lb.item()} != GSPO {la.item()}"
-    assert torch.allclose(gb, ga, rtol=1e-12, atol=1e-15), f"GSPO-token {gb.tolist()} != GSPO {ga.tolist()}"
+    assert torch.allclose(lb, la, rtol=1e-12, atol=1e-12), f"GSPO-token {lb.item()} != GSPO {la.item()}"
+    assert torch.allclose(gb, ga, rtol=1e-12, atol=1e-12), f"GSPO-token {gb.tolist()} != GSPO {ga.tolist()}"
 
 
 @PROPS
@@ -720,8 +720,8 @@ def test_gspo_on_one_token_completions_is_grpo(batch):
     gspo = config("gspo")
     grpo = config("grpo", clip_eps_low=gspo.clip_eps_low, clip_eps_high=gspo.clip_eps_high, beta=0.0)
     a, b = run_path(gspo, batch), run_path(grpo, batch)
-    assert torch.allclose(a.loss, b.loss, rtol=1e-12, atol=1e-15), f"GSPO {a.loss.item()} != GRPO {b.loss.item()}"
-    assert torch.allclose(a.grad, b.grad, rtol=1e-12, atol=1e-15), f"GSPO {a.grad.tolist()} != GRPO {b.grad.tolist()}"
+    assert torch.allclose(a.loss, b.loss, rtol=1e-12, atol=1e-12), f"GSPO {a.loss.item()} != GRPO {b.loss.item()}"
+    assert torch.allclose(a.grad, b.grad, rtol=1e-12, atol=1e-12), f"GSPO {a.grad.tolist()} != GRPO {b.grad.tolist()}"
 
 
 @PROPS
@@ -735,7 +735,7 @@ def test_sapo_on_policy_is_the_policy_gradient(batch, mode):
     logp = batch["old_logp"].clone().requires_grad_()
     pg = agg_loss(-got.adv.unsqueeze(-1) * logp, got.loss_mask, mode, Norm.of(got.loss_mask, batch["budget"]))
     pg.backward()
-    assert torch.allclose(got.grad, logp.grad, rtol=1e-12, atol=1e-15), (
+    assert torch.allclose(got.grad, logp.grad, rtol=1e-12, atol=1e-12), (
         f"{mode}: SAPO {got.grad.tolist()} != PG {logp.grad.tolist()}"
     )
 
@@ -755,7 +755,7 @@ def test_reinforce_on_policy_has_grpo_gradient(batch, mode, data):
         loss, _ = policy_loss(logp, old, adv, mask, cfg, norm, batch["ref_logp"])
         loss.backward()
         grads.append(logp.grad)
-    assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-15), (
+    assert torch.allclose(grads[0], grads[1], rtol=1e-12, atol=1e-12), (
         f"{mode}: REINFORCE {grads[0].tolist()} != GRPO {grads[1].tolist()}"
     )
 
@@ -769,8 +769,8 @@ def test_dr_grpo_constant_normalised_is_token_sum_over_budget(batch):
     a = run_path(cfg, batch)
     b = run_path(dataclasses.replace(cfg, loss_agg="seq-mean-token-sum"), batch)
     L_budget = batch["budget"]
-    assert torch.allclose(a.loss, b.loss / L_budget, rtol=1e-12, atol=1e-15), f"{a.loss} != {b.loss} / {L_budget}"
-    assert torch.allclose(a.grad, b.grad / L_budget, rtol=1e-12, atol=1e-15), f"{a.grad} != {b.grad} / {L_budget}"
+    assert torch.allclose(a.loss, b.loss / L_budget, rtol=1e-12, atol=1e-12), f"{a.loss} != {b.loss} / {L_budget}"
+    assert torch.allclose(a.grad, b.grad / L_budget, rtol=1e-12, atol=1e-12), f"{a.grad} != {b.grad} / {L_budget}"
 
 
 # ---- gradient accumulation -------------------------------------------------------------------------------------------

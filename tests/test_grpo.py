@@ -194,12 +194,12 @@ def test_on_policy_gradient_is_the_policy_gradient(batch, mode):
     pg_logp = logp0.clone().requires_grad_()
     pg = agg_loss(-adv.unsqueeze(-1) * pg_logp, mask, mode, norm)  # [B, 1] * [B, T]
     pg.backward()
-    assert torch.allclose(logp.grad, pg_logp.grad, rtol=1e-12, atol=1e-15), (
+    assert torch.allclose(logp.grad, pg_logp.grad, rtol=1e-12, atol=1e-12), (
         f"{mode}: {logp.grad.tolist()} != {pg_logp.grad.tolist()}"
     )
     # value: -agg(Â) because ρ = 1
     want = agg_loss(-adv.unsqueeze(-1).expand_as(mask), mask, mode, norm)
-    assert torch.allclose(loss, want, rtol=1e-12, atol=1e-15), f"{mode}: {loss.item()} != {want.item()}"
+    assert torch.allclose(loss, want, rtol=1e-12, atol=1e-12), f"{mode}: {loss.item()} != {want.item()}"
 
 
 def far_from_edges(ratio: torch.Tensor, eps_low: float, eps_high: float) -> bool:
