@@ -55,6 +55,9 @@ $(VENV)/.bench-installed: $(VENV)/.installed setup.cfg
 bench: $(VENV)/.bench-installed  ## performance: creditbench GRPO vs TRL GRPOTrainer side by side -> results/perf/
 	$(PY) scripts/bench.py $(ARGS)
 
+bench-compile: install  ## do torch.compile / a static KV cache pay here? -> results/perf/compile-<config>.md
+	$(PY) scripts/bench_compile.py $(ARGS)
+
 ui: install  ## MLflow UI over the embedded store
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
 

@@ -123,6 +123,7 @@ class PolicyModule(L.LightningModule):
                 pad_token_id=self.tokenizer.pad_token_id,
                 seeds=[sample_seed(self.cfg.seed, "eval", start + i) for i in range(len(chunk))],
                 compact_finished=r.compact_finished,
+                static_cache=r.static_cache,
             )
             texts = self.decode(gen.completion_ids, gen.mask)
             for ex, text, n in zip(chunk, texts, gen.lengths.tolist(), strict=True):
@@ -289,6 +290,7 @@ class RLModule(PolicyModule):
             seeds=seeds,
             share_prompt_cache=r.share_prompt_cache,
             compact_finished=r.compact_finished,
+            static_cache=r.static_cache,
         )
         self.policy.train(was_training)
         return gen

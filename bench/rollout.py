@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
 from bench.policy import position_ids
 
@@ -41,6 +41,7 @@ def generate(
     seeds: list[int],
     share_prompt_cache: bool = False,
     compact_finished: bool = False,
+    static_cache: bool = False,
 ) -> Generation:
     """Rows p*G .. p*G+G-1 are prompt p's group; prompt p samples from its own generator seeded by ``seeds[p]``.
 
@@ -50,6 +51,8 @@ def generate(
     ``compact_finished`` runs the model only on rows still decoding (the cache is cut down when a row emits EOS).
     Finished rows still draw from their prompt's generator (a uniform dummy distribution: torch.multinomial consumes
     the same random numbers whatever the probabilities), so the tokens of live rows do not change.
+    ``static_cache`` decodes into a KV cache preallocated for prompt + budget (written in place) instead of one that
+    grows by concatenation every step.
     """
     P, G = prompt_ids.shape[0], group_size
     assert len(seeds) == P, f"one seed per prompt: {len(seeds)} seeds for {P} prompts"
@@ -72,6 +75,8 @@ def generate(
     else:
         ids = prompt_ids.repeat_interleave(G, dim=0)  # [B, Tp]
         logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True).logits[:, -1]
+    if static_cache:
+        cache = _preallocated(model, cache, attn.shape[1] + max_new_tokens)
     next_pos = pos[:, -1:] + 1
     B = attn.shape[0]
     done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -99,7 +104,7 @@ def generate(
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
         if compact_finished and bool(done[live].any()):
             keep = (~done[live]).nonzero().squeeze(-1)  # positions in the cache's batch of rows still decoding
-            cache.batch_select_indices(keep)
+            _select_rows(cache, keep)
             live = live[keep]
         out = model(
             input_ids=tok[live].unsqueeze(-1),
@@ -121,6 +126,23 @@ def generate(
         lengths=mask.sum(1).long(),
         truncated=~done,
     )
+
+
+def _preallocated(model, cache: DynamicCache, max_len: int) -> StaticCache:
+    """A StaticCache of ``max_len`` positions holding ``cache``'s keys and values (the prompt's), for decoding."""
+    static = StaticCache(config=model.config, max_cache_len=max_len)
+    for i, layer in enumerate(cache.layers):
+        static.update(layer.keys, layer.values, i)
+    return static
+
+
+def _select_rows(cache, keep: torch.Tensor) -> None:
+    """Keep only rows ``keep`` of a dynamic or static cache (transformers' StaticLayer has no row selection)."""
+    if isinstance(cache, StaticCache):
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys[keep], layer.values[keep]
+    else:
+        cache.batch_select_indices(keep)
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

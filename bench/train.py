@@ -42,6 +42,7 @@ _NOT_IN_KEY = (
     # speed switches: same samples and updates (tests/test_perf_equivalence.py)
     "rollout.share_prompt_cache",
     "rollout.compact_finished",
+    "rollout.static_cache",
     "rollout.logp_from_sampler",
     "rollout.logp_tolerance",
     "train.skip_zero_adv",

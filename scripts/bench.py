@@ -39,7 +39,11 @@ CONFIGS = {
     "tiny": dict(model="tiny", task="countdown", P=16, G=8, T=32, lr=1e-4, micro=64, warmup=2, steps=4),
     # a real 135M model on GSM8K prompts (chat template): a smaller budget so a step takes seconds, not minutes
     "smollm2": dict(model="smollm2-135m", task="gsm8k", P=2, G=4, T=32, lr=1e-6, micro=8, warmup=1, steps=2),
+    # the same with room to finish a GSM8K answer, so groups have reward variance and every row is trained
+    # (not run by default: about 15 min; `--configs smollm2-128 --no-levers --out results/perf/smollm2-128`)
+    "smollm2-128": dict(model="smollm2-135m", task="gsm8k", P=2, G=4, T=128, lr=1e-6, micro=8, warmup=1, steps=2),
 }
+DEFAULT_CONFIGS = ["tiny", "smollm2"]
 LEVERS = {
     "share_prompt_cache": "rollout.share_prompt_cache",
     "compact_finished": "rollout.compact_finished",
@@ -48,6 +52,8 @@ LEVERS = {
     "trim_padding": "train.trim_padding",
     "share_prompt_forward": "train.share_prompt_forward",
 }
+OPT_IN = {"static_cache": "rollout.static_cache"}  # speed switches off by default: measured on top of "all on"
+SWITCHES = {**LEVERS, **OPT_IN}
 SYSTEMS = {
     "creditbench": {},  # every speed switch at its default (on)
     # the same without skipping zero-advantage groups: the machinery alone, whatever the rewards happen to be
@@ -113,7 +119,7 @@ def creditbench_args(c: dict, folder: Path, levers: dict[str, bool]) -> list[str
         "trainer.accelerator=cpu",
         "trainer.progress_bar=false",
     ]
-    return args + [f"{LEVERS[k]}={v}" for k, v in levers.items()]
+    return args + [f"{SWITCHES[k]}={v}" for k, v in levers.items()]
 
 
 def run_creditbench(c: dict, folder: Path, levers: dict[str, bool], schedule: list[dict] | None = None) -> dict:
@@ -143,7 +149,7 @@ def run_creditbench(c: dict, folder: Path, levers: dict[str, bool], schedule: li
 
         def switched_step(batch, batch_idx):
             for key, on in schedule[module.step_count % len(schedule)].items():
-                section, field = LEVERS[key].split(".")
+                section, field = SWITCHES[key].split(".")
                 setattr(getattr(cfg, section), field, on)  # read afresh by every step
             return training_step(batch, batch_idx)
 
@@ -426,11 +432,11 @@ def machine() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=list(CONFIGS))
     ap.add_argument("--reps", type=int, default=4, help="processes per system and configuration (order alternates)")
     ap.add_argument("--steps", type=int, default=None, help="measured steps per process (default: per config)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps per process (default: per config)")
-    ap.add_argument("--smollm2-reps", type=int, default=2)
+    ap.add_argument("--smollm2-reps", type=int, default=2, help="processes per system for the SmolLM2 configurations")
     ap.add_argument("--no-levers", action="store_true", help="skip the per-lever table (tiny, creditbench only)")
     ap.add_argument("--lever-reps", type=int, default=3, help="processes for the per-switch table")
     ap.add_argument("--lever-rounds", type=int, default=4, help="measured steps per variant per process")
@@ -448,7 +454,7 @@ def main() -> None:
         c = {**CONFIGS[name], **override}
         folder = model_folder(c["model"])
         res = {k: [] for k in SYSTEMS}
-        for rep in range(ns.smollm2_reps if name == "smollm2" else ns.reps):
+        for rep in range(ns.smollm2_reps if c["model"] != "tiny" else ns.reps):
             for system in list(SYSTEMS) if rep % 2 == 0 else list(SYSTEMS)[::-1]:
                 t0 = time.perf_counter()
                 switches = SYSTEMS[system]
@@ -480,13 +486,16 @@ def main() -> None:
 
 
 def levers(c: dict, reps: int, rounds: int) -> list[tuple[str, dict]]:
-    """creditbench alone on the tiny configuration: all switches off (the plain path), each one on by itself, all on.
+    """creditbench alone on the tiny configuration: all switches off (the plain path), each one on by itself, all on
+    (the defaults), and all on plus each opt-in switch.
     The variants take turns step by step inside each process (one warm-up round, then ``rounds``), so a change in the
     machine's load hits them all alike; the order is reversed in every other process."""
     folder = model_folder("tiny")
-    off = {k: False for k in LEVERS}
+    off = {k: False for k in SWITCHES}  # every variant sets every switch: the schedule changes them step by step
+    on = {**off, **{k: True for k in LEVERS}}
     variants = [("plain (all off)", off)] + [(f"+ {k}", {**off, k: True}) for k in LEVERS]
-    variants.append(("all on", {k: True for k in LEVERS}))
+    variants.append(("all on", on))
+    variants += [(f"all on + {k} (opt-in)", {**on, k: True}) for k in OPT_IN]
     n = len(variants)
     res: dict[str, list] = {label: [] for label, _ in variants}
     for rep in range(reps):

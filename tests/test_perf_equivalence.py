@@ -1,7 +1,7 @@
-"""The speed switches (rollout.share_prompt_cache, rollout.compact_finished, rollout.logp_from_sampler,
-train.skip_zero_adv, train.trim_padding, train.share_prompt_forward) change the cost of a step, never what it
-computes: same samples, same loss, same gradients and the same parameters after the update as the plain path on the
-same rollouts."""
+"""The speed switches (rollout.share_prompt_cache, rollout.compact_finished, rollout.static_cache,
+rollout.logp_from_sampler, train.skip_zero_adv, train.trim_padding, train.share_prompt_forward) change the cost of a
+step, never what it computes: same samples, same loss, same gradients and the same parameters after the update as
+the plain path on the same rollouts."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ SCORES = [1, 0, 0, 1] + [0, 0, 0, 0] + [1, 1, 0, 1] + [1, 1, 1, 1]  # two zero-v
 FAST = {
     "rollout.share_prompt_cache": True,
     "rollout.compact_finished": True,
+    "rollout.static_cache": True,
     "rollout.logp_from_sampler": True,
     "train.skip_zero_adv": True,
     "train.trim_padding": True,
@@ -119,9 +120,20 @@ def _rollout(module, task, scores: list[float]) -> Rollout:
     return ro
 
 
-def test_fast_sampler_gives_the_same_samples(single_thread):
-    """Sharing the prompt's KV cache and dropping finished rows leave every token, mask and sampler log-prob of every
-    row unchanged (rows finish at different steps; prompts have different left padding)."""
+@pytest.mark.parametrize(
+    "switches",
+    [
+        dict(share_prompt_cache=True, compact_finished=True),
+        dict(static_cache=True),
+        dict(static_cache=True, compact_finished=True),
+        dict(share_prompt_cache=True, compact_finished=True, static_cache=True),
+    ],
+    ids=lambda d: "+".join(d),
+)
+def test_fast_sampler_gives_the_same_samples(single_thread, switches):
+    """Sharing the prompt's KV cache, dropping finished rows and decoding into a preallocated (static) cache leave
+    every token, mask and sampler log-prob of every row unchanged (rows finish at different steps; prompts have
+    different left padding)."""
     model, tok = load_policy(compose(["algorithm=grpo", "task=countdown", *SMALL]).model, seed=0)
     model.eval()
     handle = _eos_bias(model, tok.eos_token_id)
@@ -136,7 +148,7 @@ def test_fast_sampler_gives_the_same_samples(single_thread):
         seeds=[1, 2, 3],
     )
     plain = generate(model, enc.input_ids, enc.attention_mask, **kw)
-    fast = generate(model, enc.input_ids, enc.attention_mask, share_prompt_cache=True, compact_finished=True, **kw)
+    fast = generate(model, enc.input_ids, enc.attention_mask, **switches, **kw)
     handle.remove()
     assert len(set(plain.lengths.tolist())) > 2, f"rows should finish at different steps: {plain.lengths.tolist()}"
     assert torch.equal(plain.completion_ids, fast.completion_ids), (plain.completion_ids, fast.completion_ids)

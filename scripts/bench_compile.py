@@ -1,0 +1,186 @@
+"""`make bench-compile`: do torch.compile or a static (preallocated) KV cache pay on this machine?
+
+The two levers of issue 7 that creditbench does not ship, measured so anyone can rerun the decision. On the
+`scripts/bench.py` configurations (same model folder, prompts and budget), one thread, creditbench's own sampler and
+training forward:
+
+- sampling: creditbench's ``generate`` (all rollout switches on) eager vs ``torch.compile(policy, dynamic=True)``
+  and vs its opt-in ``rollout.static_cache``;
+  the plain sampler (no prompt-cache sharing, no compaction: a static cache cannot drop rows) with transformers'
+  ``DynamicCache`` vs a preallocated ``StaticCache``, eager and with the decode step compiled (static shapes);
+- training forward + backward (``completion_logprobs`` with ``trim`` and ``share_prompt``, as creditbench runs it)
+  eager vs compiled, on a fresh rollout every step (new shapes), checking that the loss and gradients agree.
+
+"first call" includes compilation; "median" is over the calls after it. Writes results/perf/compile-<config>.md.
+
+    python scripts/bench_compile.py                      # tiny: about 5 min on 2 cores
+    python scripts/bench_compile.py smollm2 --steps 3    # SmolLM2-135M: compiling its training graph takes ~9 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+_spec = importlib.util.spec_from_file_location("bench_script", ROOT / "scripts" / "bench.py")
+bs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bs)  # scripts/bench.py: the configurations and the model folder both benchmarks use
+
+from bench.policy import completion_logprobs, position_ids  # noqa: E402
+from bench.rollout import generate  # noqa: E402
+
+
+def timed(fn, reps: int) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return first, statistics.median(times)
+
+
+@torch.no_grad()
+def static_generate(model, decode, prompt_ids, prompt_mask, G: int, T: int, seeds: list[int]) -> torch.Tensor:
+    """The plain sampler (every row decoded to the budget) on a preallocated StaticCache of length Tp + T."""
+    from transformers import StaticCache
+
+    P = prompt_ids.shape[0]
+    ids, attn = prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0)
+    B, Tp = ids.shape
+    cache = StaticCache(config=model.config, max_cache_len=Tp + T)
+    full = torch.cat([attn, attn.new_zeros(B, T)], 1)  # the attention mask over the whole cache, filled as we go
+    pos = position_ids(attn)
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, cache_position=torch.arange(Tp))
+    logits, nxt, toks = out.logits[:, -1], pos[:, -1:] + 1, []
+    for t in range(T):
+        probs = F.softmax(logits.float(), -1)
+        tok = torch.cat([torch.multinomial(probs[p * G : (p + 1) * G], 1, generator=gens[p]) for p in range(P)])
+        toks.append(tok.squeeze(-1))
+        if t == T - 1:
+            break
+        full[:, Tp + t] = 1
+        logits = decode(model, tok, full, nxt, cache, torch.tensor([Tp + t]))
+        nxt = nxt + 1
+    return torch.stack(toks, 1)
+
+
+def decode_step(model, tok, attn, pos, cache, cache_position):
+    return model(input_ids=tok, attention_mask=attn, position_ids=pos, cache=cache, cache_position=cache_position)[
+        "logits"
+    ][:, -1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("config", nargs="?", default="tiny", choices=list(bs.CONFIGS))
+    ap.add_argument("--reps", type=int, default=5, help="timed calls after the first, per sampling variant")
+    ap.add_argument("--steps", type=int, default=6, help="training forward+backward steps (fresh rollout each)")
+    ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
+    ns = ap.parse_args()
+    from omegaconf import OmegaConf
+
+    from bench.config import compose
+    from bench.policy import load_policy
+
+    torch.set_num_threads(bs.THREADS)
+    c = bs.CONFIGS[ns.config]
+    folder = bs.model_folder(c["model"])
+    cfg = OmegaConf.to_object(compose(bs.creditbench_args(c, folder, {})))
+    policy, tok = load_policy(cfg.model, 0, folder)
+    task, _ = bs._task_and_batches(c, tok, 1)
+    batches = iter(task.train_dataloader())
+    P, G, T = c["P"], c["G"], c["T"]
+    kw = dict(group_size=G, max_new_tokens=T, temperature=1.0, top_p=1.0)
+    kw |= dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    b = next(batches)
+    pid, pm, seeds = b["prompt_ids"], b["prompt_mask"], list(range(P))
+    compiled = torch.compile(policy, dynamic=True)
+    rows = []
+
+    def row(label, fn, reps=ns.reps):
+        first, med = timed(fn, reps)
+        rows.append((label, first, med, ""))
+        print(f"{label}: first {first:.2f}s, median {med:.3f}s", flush=True)
+
+    policy.eval()
+    fast = dict(share_prompt_cache=True, compact_finished=True)
+    row("sampling, creditbench (all switches), eager", lambda: generate(policy, pid, pm, seeds=seeds, **kw, **fast))
+    row(
+        "sampling, creditbench (all switches), compiled",
+        lambda: generate(compiled, pid, pm, seeds=seeds, **kw, **fast),
+    )
+    row(
+        "sampling, creditbench (all switches) + rollout.static_cache",
+        lambda: generate(policy, pid, pm, seeds=seeds, **kw, **fast, static_cache=True),
+    )
+    row("sampling, plain, DynamicCache", lambda: generate(policy, pid, pm, seeds=seeds, **kw))
+    row("sampling, plain, StaticCache", lambda: static_generate(policy, decode_step, pid, pm, G, T, seeds))
+    step = torch.compile(decode_step)
+    row(
+        "sampling, plain, StaticCache + compiled decode step",
+        lambda: static_generate(policy, step, pid, pm, G, T, seeds),
+    )
+
+    policy.train()
+    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    worst = 0.0
+    for i in range(ns.steps):
+        b = next(batches)
+        gen = generate(policy, b["prompt_ids"], b["prompt_mask"], seeds=[1000 * (i + 1) + p for p in range(P)], **kw)
+        args = (b["prompt_ids"].repeat_interleave(G, 0), b["prompt_mask"].repeat_interleave(G, 0))
+        args += (gen.completion_ids, gen.mask)
+        weights = torch.randn_like(gen.mask)  # any per-token weights: the gradient check must not be vacuous
+        res = {}
+        for label, model in (("eager", policy), ("compiled", compiled)):
+            t0 = time.perf_counter()
+            logp, _ = completion_logprobs(model, *args, trim=True, share_prompt=True)
+            loss = (logp * gen.mask * weights).sum()
+            loss.backward()
+            times[label].append(time.perf_counter() - t0)
+            res[label] = (loss.item(), [p.grad.clone() for p in policy.parameters()])
+            policy.zero_grad(set_to_none=True)
+        pairs = zip(res["eager"][1], res["compiled"][1], strict=True)
+        rel = max(float((a - b).abs().max() / a.abs().max().clamp(min=1e-12)) for a, b in pairs)
+        worst = max(worst, rel, abs(res["eager"][0] - res["compiled"][0]) / max(abs(res["eager"][0]), 1e-12))
+        e, c_ = times["eager"][-1], times["compiled"][-1]
+        print(f"train step {i}: eager {e:.3f}s compiled {c_:.3f}s, largest relative difference {rel:.1e}")
+    for label in ("eager", "compiled"):
+        ts = times[label]
+        rows.append((f"training forward+backward, {label}", ts[0], statistics.median(ts[1:]), f"{len(ts) - 1} steps"))
+    base = {label.rsplit(", ", 1)[0]: med for label, _, med, _ in rows if label.endswith(("eager", "DynamicCache"))}
+    base["sampling, creditbench (all switches) +"] = base["sampling, creditbench (all switches)"]
+    lines = [
+        f"# torch.compile and a static KV cache: `{ns.config}` (P = {P} x G = {G}, {T} new tokens, "
+        f"{bs.THREADS} thread)",
+        "",
+        f"Machine: {bs.machine()}. Generated by `python scripts/bench_compile.py {ns.config}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. torch {torch.__version__}.",
+        "",
+        "| variant | first call, with compilation (s) | median after (s) | vs eager / DynamicCache |",
+        "|---|---|---|---|",
+    ]
+    for label, first, med, note in rows:
+        ref = next((v for k, v in base.items() if label.startswith(k)), med)
+        lines.append(f"| {label}{f' ({note})' if note else ''} | {first:.2f} | {med:.3f} | {ref / med:.2f}x |")
+    lines += ["", f"Compiled vs eager training forward: largest relative difference in loss or gradient {worst:.1e}."]
+    out = Path(ns.out) / f"compile-{ns.config}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines) + f"\n\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
