@@ -11,7 +11,7 @@ export BENCH_DATA
 endif
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-slow sweep report seeds zero-shot bench ui lint format clean
+.PHONY: install run test test-slow sweep report seeds zero-shot bench bench-compile ui lint format clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
