@@ -55,7 +55,7 @@ $(VENV)/.bench-installed: $(VENV)/.installed setup.cfg
 bench: $(VENV)/.bench-installed  ## performance: creditbench GRPO vs TRL GRPOTrainer side by side -> results/perf/
 	$(PY) scripts/bench.py $(ARGS)
 
-bench-compile: install  ## do torch.compile / a static KV cache pay here? -> results/perf/compile-<config>.md
+bench-compile: install  ## torch.compile, a static KV cache, bf16 sampling: do they pay here? -> results/perf/compile-<config>.md
 	$(PY) scripts/bench_compile.py $(ARGS)
 
 ui: install  ## MLflow UI over the embedded store

@@ -1,17 +1,20 @@
-"""`make bench-compile`: do torch.compile or a static (preallocated) KV cache pay on this machine?
+"""`make bench-compile`: do torch.compile, a static (preallocated) KV cache or bfloat16 sampling pay on this machine?
 
-The two levers of issue 7 that creditbench does not ship, measured so anyone can rerun the decision. On the
+The levers of issue 7 that creditbench does not turn on, measured so anyone can rerun the decision. On the
 `scripts/bench.py` configurations (same model folder, prompts and budget), one thread, creditbench's own sampler and
 training forward:
 
 - sampling: creditbench's ``generate`` (all rollout switches on) eager vs ``torch.compile(policy, dynamic=True)``
-  and vs its opt-in ``rollout.static_cache``;
+  and vs its opt-in ``rollout.static_cache``, and with a bfloat16 copy of the weights (not a same-work switch: the
+  samples change, so π_old would have to come from the float32 forward);
   the plain sampler (no prompt-cache sharing, no compaction: a static cache cannot drop rows) with transformers'
   ``DynamicCache`` vs a preallocated ``StaticCache``, eager and with the decode step compiled (static shapes);
 - training forward + backward (``completion_logprobs`` with ``trim`` and ``share_prompt``, as creditbench runs it)
   eager vs compiled, on a fresh rollout every step (new shapes), checking that the loss and gradients agree.
 
-"first call" includes compilation; "median" is over the calls after it. Writes results/perf/compile-<config>.md.
+"first call" includes compilation (inductor caches compiled kernels on disk, so a rerun compiles faster); after it the
+sampling variants take turns, the order reversed every other round, and "median" is over those rounds.
+Writes results/perf/compile-<config>.md.
 
     python scripts/bench_compile.py                      # tiny: about 5 min on 2 cores
     python scripts/bench_compile.py smollm2 --steps 3    # SmolLM2-135M: compiling its training graph takes ~9 min
@@ -20,6 +23,7 @@ training forward:
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import statistics
 import sys
@@ -37,18 +41,6 @@ _spec.loader.exec_module(bs)  # scripts/bench.py: the configurations and the mod
 
 from bench.policy import completion_logprobs, position_ids  # noqa: E402
 from bench.rollout import generate  # noqa: E402
-
-
-def timed(fn, reps: int) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return first, statistics.median(times)
 
 
 @torch.no_grad()
@@ -86,7 +78,7 @@ def decode_step(model, tok, attn, pos, cache, cache_position):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config", nargs="?", default="tiny", choices=list(bs.CONFIGS))
-    ap.add_argument("--reps", type=int, default=5, help="timed calls after the first, per sampling variant")
+    ap.add_argument("--reps", type=int, default=6, help="rounds of timed sampling calls after the first call")
     ap.add_argument("--steps", type=int, default=6, help="training forward+backward steps (fresh rollout each)")
     ap.add_argument("--out", default=str(ROOT / "results" / "perf"))
     ns = ap.parse_args()
@@ -108,31 +100,45 @@ def main() -> None:
     b = next(batches)
     pid, pm, seeds = b["prompt_ids"], b["prompt_mask"], list(range(P))
     compiled = torch.compile(policy, dynamic=True)
-    rows = []
-
-    def row(label, fn, reps=ns.reps):
-        first, med = timed(fn, reps)
-        rows.append((label, first, med, ""))
-        print(f"{label}: first {first:.2f}s, median {med:.3f}s", flush=True)
-
     policy.eval()
     fast = dict(share_prompt_cache=True, compact_finished=True)
-    row("sampling, creditbench (all switches), eager", lambda: generate(policy, pid, pm, seeds=seeds, **kw, **fast))
-    row(
-        "sampling, creditbench (all switches), compiled",
-        lambda: generate(compiled, pid, pm, seeds=seeds, **kw, **fast),
-    )
-    row(
-        "sampling, creditbench (all switches) + rollout.static_cache",
-        lambda: generate(policy, pid, pm, seeds=seeds, **kw, **fast, static_cache=True),
-    )
-    row("sampling, plain, DynamicCache", lambda: generate(policy, pid, pm, seeds=seeds, **kw))
-    row("sampling, plain, StaticCache", lambda: static_generate(policy, decode_step, pid, pm, G, T, seeds))
+    half = copy.deepcopy(policy).to(torch.bfloat16)
     step = torch.compile(decode_step)
-    row(
-        "sampling, plain, StaticCache + compiled decode step",
-        lambda: static_generate(policy, step, pid, pm, G, T, seeds),
-    )
+    variants = [
+        ("sampling, creditbench (all switches), eager", lambda: generate(policy, pid, pm, seeds=seeds, **kw, **fast)),
+        (
+            "sampling, creditbench (all switches), compiled",
+            lambda: generate(compiled, pid, pm, seeds=seeds, **kw, **fast),
+        ),
+        (
+            "sampling, creditbench (all switches), bfloat16 weights",
+            lambda: generate(half, pid, pm, seeds=seeds, **kw, **fast),
+        ),
+        (
+            "sampling, creditbench (all switches) + rollout.static_cache",
+            lambda: generate(policy, pid, pm, seeds=seeds, **kw, **fast, static_cache=True),
+        ),
+        ("sampling, plain, DynamicCache", lambda: generate(policy, pid, pm, seeds=seeds, **kw)),
+        ("sampling, plain, StaticCache", lambda: static_generate(policy, decode_step, pid, pm, G, T, seeds)),
+        (
+            "sampling, plain, StaticCache + compiled decode step",
+            lambda: static_generate(policy, step, pid, pm, G, T, seeds),
+        ),
+    ]
+    first = {}
+    for label, fn in variants:  # the first call of each: compilation, when there is any
+        t0 = time.perf_counter()
+        fn()
+        first[label] = time.perf_counter() - t0
+        print(f"{label}: first call {first[label]:.2f}s", flush=True)
+    after: dict[str, list[float]] = {label: [] for label, _ in variants}
+    for rep in range(ns.reps):  # then the variants take turns, order reversed every other round (load drifts)
+        for label, fn in variants if rep % 2 == 0 else variants[::-1]:
+            t0 = time.perf_counter()
+            fn()
+            after[label].append(time.perf_counter() - t0)
+        print(f"round {rep}: " + ", ".join(f"{k.split(', ', 1)[1]} {v[-1]:.3f}s" for k, v in after.items()), flush=True)
+    rows = [(label, first[label], statistics.median(after[label]), "") for label, _ in variants]
 
     policy.train()
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
@@ -150,11 +156,12 @@ def main() -> None:
             loss = (logp * gen.mask * weights).sum()
             loss.backward()
             times[label].append(time.perf_counter() - t0)
-            res[label] = (loss.item(), [p.grad.clone() for p in policy.parameters()])
+            scale = (logp * gen.mask * weights).abs().sum().item()  # the loss is a sum that can cancel to ~0
+            res[label] = (loss.item(), [p.grad.clone() for p in policy.parameters()], scale)
             policy.zero_grad(set_to_none=True)
         pairs = zip(res["eager"][1], res["compiled"][1], strict=True)
         rel = max(float((a - b).abs().max() / a.abs().max().clamp(min=1e-12)) for a, b in pairs)
-        worst = max(worst, rel, abs(res["eager"][0] - res["compiled"][0]) / max(abs(res["eager"][0]), 1e-12))
+        worst = max(worst, rel, abs(res["eager"][0] - res["compiled"][0]) / res["eager"][2])
         e, c_ = times["eager"][-1], times["compiled"][-1]
         print(f"train step {i}: eager {e:.3f}s compiled {c_:.3f}s, largest relative difference {rel:.1e}")
     for label in ("eager", "compiled"):
@@ -175,7 +182,11 @@ def main() -> None:
     for label, first, med, note in rows:
         ref = next((v for k, v in base.items() if label.startswith(k)), med)
         lines.append(f"| {label}{f' ({note})' if note else ''} | {first:.2f} | {med:.3f} | {ref / med:.2f}x |")
-    lines += ["", f"Compiled vs eager training forward: largest relative difference in loss or gradient {worst:.1e}."]
+    lines += [
+        "",
+        "Compiled vs eager training forward: largest difference in the loss (relative to the sum of its terms' "
+        f"magnitudes) or in any gradient tensor (relative to its largest entry): {worst:.1e}.",
+    ]
     out = Path(ns.out) / f"compile-{ns.config}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
