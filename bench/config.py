@@ -76,7 +76,7 @@ class RolloutConfig:
     """Stop running the model on rows that have emitted EOS (speed only: same samples)."""
     static_cache: bool = False
     """Decode into a KV cache preallocated for prompt + budget instead of one grown by concatenation (speed only:
-    same samples). Off by default: on CPU it measured 0.99-1.08x (results/perf/NOTES.md)."""
+    same samples). Off by default: on CPU it measured 0.99-1.06x (results/perf/NOTES.md)."""
     logp_from_sampler: bool = True
     """Use the sampler's log-probs as log π_old instead of a second forward, once the first step has checked that
     they match the training forward within ``logp_tolerance`` (else the forward is kept)."""

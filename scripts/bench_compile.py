@@ -7,8 +7,8 @@ training forward:
 - sampling: creditbench's ``generate`` (all rollout switches on) eager vs ``torch.compile(policy, dynamic=True)``
   and vs its opt-in ``rollout.static_cache``, and with a bfloat16 copy of the weights (not a same-work switch: the
   samples change, so π_old would have to come from the float32 forward);
-  the plain sampler (no prompt-cache sharing, no compaction: a static cache cannot drop rows) with transformers'
-  ``DynamicCache`` vs a preallocated ``StaticCache``, eager and with the decode step compiled (static shapes);
+  the plain sampler (no prompt-cache sharing, no compaction) with transformers' ``DynamicCache`` vs
+  ``rollout.static_cache``'s preallocated ``StaticCache``, eager and compiled;
 - training forward + backward (``completion_logprobs`` with ``trim`` and ``share_prompt``, as creditbench runs it)
   eager vs compiled, on a fresh rollout every step (new shapes), checking that the loss and gradients agree.
 
@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,40 +38,8 @@ _spec = importlib.util.spec_from_file_location("bench_script", ROOT / "scripts" 
 bs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bs)  # scripts/bench.py: the configurations and the model folder both benchmarks use
 
-from bench.policy import completion_logprobs, position_ids  # noqa: E402
+from bench.policy import completion_logprobs  # noqa: E402
 from bench.rollout import generate  # noqa: E402
-
-
-@torch.no_grad()
-def static_generate(model, decode, prompt_ids, prompt_mask, G: int, T: int, seeds: list[int]) -> torch.Tensor:
-    """The plain sampler (every row decoded to the budget) on a preallocated StaticCache of length Tp + T."""
-    from transformers import StaticCache
-
-    P = prompt_ids.shape[0]
-    ids, attn = prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0)
-    B, Tp = ids.shape
-    cache = StaticCache(config=model.config, max_cache_len=Tp + T)
-    full = torch.cat([attn, attn.new_zeros(B, T)], 1)  # the attention mask over the whole cache, filled as we go
-    pos = position_ids(attn)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, cache_position=torch.arange(Tp))
-    logits, nxt, toks = out.logits[:, -1], pos[:, -1:] + 1, []
-    for t in range(T):
-        probs = F.softmax(logits.float(), -1)
-        tok = torch.cat([torch.multinomial(probs[p * G : (p + 1) * G], 1, generator=gens[p]) for p in range(P)])
-        toks.append(tok.squeeze(-1))
-        if t == T - 1:
-            break
-        full[:, Tp + t] = 1
-        logits = decode(model, tok, full, nxt, cache, torch.tensor([Tp + t]))
-        nxt = nxt + 1
-    return torch.stack(toks, 1)
-
-
-def decode_step(model, tok, attn, pos, cache, cache_position):
-    return model(input_ids=tok, attention_mask=attn, position_ids=pos, cache=cache, cache_position=cache_position)[
-        "logits"
-    ][:, -1]
 
 
 def main() -> None:
@@ -103,42 +70,52 @@ def main() -> None:
     policy.eval()
     fast = dict(share_prompt_cache=True, compact_finished=True)
     half = copy.deepcopy(policy).to(torch.bfloat16)
-    step = torch.compile(decode_step)
-    variants = [
-        ("sampling, creditbench (all switches), eager", lambda: generate(policy, pid, pm, seeds=seeds, **kw, **fast)),
+    fast_eager = "sampling, creditbench (all switches), eager"
+    plain_eager = "sampling, plain, DynamicCache"
+    variants = [  # (label, the row it is compared with, the call)
+        (fast_eager, fast_eager, lambda: generate(policy, pid, pm, seeds=seeds, **kw, **fast)),
         (
             "sampling, creditbench (all switches), compiled",
+            fast_eager,
             lambda: generate(compiled, pid, pm, seeds=seeds, **kw, **fast),
         ),
         (
             "sampling, creditbench (all switches), bfloat16 weights",
+            fast_eager,
             lambda: generate(half, pid, pm, seeds=seeds, **kw, **fast),
         ),
         (
             "sampling, creditbench (all switches) + rollout.static_cache",
+            fast_eager,
             lambda: generate(policy, pid, pm, seeds=seeds, **kw, **fast, static_cache=True),
         ),
-        ("sampling, plain, DynamicCache", lambda: generate(policy, pid, pm, seeds=seeds, **kw)),
-        ("sampling, plain, StaticCache", lambda: static_generate(policy, decode_step, pid, pm, G, T, seeds)),
+        (plain_eager, plain_eager, lambda: generate(policy, pid, pm, seeds=seeds, **kw)),
         (
-            "sampling, plain, StaticCache + compiled decode step",
-            lambda: static_generate(policy, step, pid, pm, G, T, seeds),
+            "sampling, plain, StaticCache",
+            plain_eager,
+            lambda: generate(policy, pid, pm, seeds=seeds, **kw, static_cache=True),
+        ),
+        (
+            "sampling, plain, StaticCache, compiled",
+            plain_eager,
+            lambda: generate(compiled, pid, pm, seeds=seeds, **kw, static_cache=True),
         ),
     ]
     first = {}
-    for label, fn in variants:  # the first call of each: compilation, when there is any
+    for label, _, fn in variants:  # the first call of each: compilation, when there is any
         t0 = time.perf_counter()
         fn()
         first[label] = time.perf_counter() - t0
         print(f"{label}: first call {first[label]:.2f}s", flush=True)
-    after: dict[str, list[float]] = {label: [] for label, _ in variants}
+    after: dict[str, list[float]] = {label: [] for label, _, _ in variants}
     for rep in range(ns.reps):  # then the variants take turns, order reversed every other round (load drifts)
-        for label, fn in variants if rep % 2 == 0 else variants[::-1]:
+        for label, _, fn in variants if rep % 2 == 0 else variants[::-1]:
             t0 = time.perf_counter()
             fn()
             after[label].append(time.perf_counter() - t0)
         print(f"round {rep}: " + ", ".join(f"{k.split(', ', 1)[1]} {v[-1]:.3f}s" for k, v in after.items()), flush=True)
-    rows = [(label, first[label], statistics.median(after[label]), "") for label, _ in variants]
+    median = {label: statistics.median(times) for label, times in after.items()}
+    rows = [(label, first[label], median[label], median[ref], "") for label, ref, _ in variants]
 
     policy.train()
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
@@ -153,24 +130,24 @@ def main() -> None:
         for label, model in (("eager", policy), ("compiled", compiled)):
             t0 = time.perf_counter()
             logp, _ = completion_logprobs(model, *args, trim=True, share_prompt=True)
-            loss = (logp * gen.mask * weights).sum()
+            terms = logp * gen.mask * weights
+            loss = terms.sum()
             loss.backward()
             times[label].append(time.perf_counter() - t0)
-            scale = (logp * gen.mask * weights).abs().sum().item()  # the loss is a sum that can cancel to ~0
-            res[label] = (loss.item(), [p.grad.clone() for p in policy.parameters()], scale)
+            # the loss is a sum that can cancel to ~0: compare it relative to the sum of its terms' magnitudes
+            res[label] = (loss.item(), [p.grad.clone() for p in policy.parameters()], terms.abs().sum().item())
             policy.zero_grad(set_to_none=True)
         pairs = zip(res["eager"][1], res["compiled"][1], strict=True)
         rel = max(float((a - b).abs().max() / a.abs().max().clamp(min=1e-12)) for a, b in pairs)
         worst = max(worst, rel, abs(res["eager"][0] - res["compiled"][0]) / res["eager"][2])
         e, c_ = times["eager"][-1], times["compiled"][-1]
         print(f"train step {i}: eager {e:.3f}s compiled {c_:.3f}s, largest relative difference {rel:.1e}")
-    for label in ("eager", "compiled"):
-        ts = times[label]
-        rows.append((f"training forward+backward, {label}", ts[0], statistics.median(ts[1:]), f"{len(ts) - 1} steps"))
-    base = {label.rsplit(", ", 1)[0]: med for label, _, med, _ in rows if label.endswith(("eager", "DynamicCache"))}
-    base["sampling, creditbench (all switches) +"] = base["sampling, creditbench (all switches)"]
+    eager_median = statistics.median(times["eager"][1:])
+    for label, ts in times.items():
+        n = f"{len(ts) - 1} steps"
+        rows.append((f"training forward+backward, {label}", ts[0], statistics.median(ts[1:]), eager_median, n))
     lines = [
-        f"# torch.compile and a static KV cache: `{ns.config}` (P = {P} x G = {G}, {T} new tokens, "
+        f"# torch.compile, a static KV cache, bfloat16 sampling: `{ns.config}` (P = {P} x G = {G}, {T} new tokens, "
         f"{bs.THREADS} thread)",
         "",
         f"Machine: {bs.machine()}. Generated by `python scripts/bench_compile.py {ns.config}` on "
@@ -179,8 +156,7 @@ def main() -> None:
         "| variant | first call, with compilation (s) | median after (s) | vs eager / DynamicCache |",
         "|---|---|---|---|",
     ]
-    for label, first, med, note in rows:
-        ref = next((v for k, v in base.items() if label.startswith(k)), med)
+    for label, first, med, ref, note in rows:
         lines.append(f"| {label}{f' ({note})' if note else ''} | {first:.2f} | {med:.3f} | {ref / med:.2f}x |")
     lines += [
         "",
