@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.losses import AggMode
-from bench.objective import (
+from bench.rl.losses import AggMode
+from bench.rl.objective import (
     Advantage,
     AdvScale,
     KLPlacement,

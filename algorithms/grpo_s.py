@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from algorithms.gtpo import correct_set
-from bench.credit import masked_stats
-from bench.losses import AggMode, masked_mean
-from bench.objective import (
+from bench.rl.credit import masked_stats
+from bench.rl.losses import AggMode, masked_mean
+from bench.rl.objective import (
     Advantage,
     AdvScale,
     KLPlacement,

@@ -16,8 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.losses import AggMode
-from bench.objective import Advantage, AdvScale, KLPlacement, PolicyGradient, PolicyGradientConfig, Ratio, TrustRegion
+from bench.rl.losses import AggMode
+from bench.rl.objective import (
+    Advantage,
+    AdvScale,
+    KLPlacement,
+    PolicyGradient,
+    PolicyGradientConfig,
+    Ratio,
+    TrustRegion,
+)
 
 
 @dataclass

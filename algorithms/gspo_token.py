@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from algorithms.gspo import GSPOConfig
-from bench.objective import PolicyGradient, Ratio
+from bench.rl.objective import PolicyGradient, Ratio
 
 
 @dataclass

@@ -39,9 +39,17 @@ from typing import Literal
 
 import torch
 
-from bench.credit import group_token_zscore, masked_stats
-from bench.losses import AggMode, masked_mean
-from bench.objective import Advantage, AdvScale, KLPlacement, PolicyGradient, PolicyGradientConfig, Ratio, TrustRegion
+from bench.rl.credit import group_token_zscore, masked_stats
+from bench.rl.losses import AggMode, masked_mean
+from bench.rl.objective import (
+    Advantage,
+    AdvScale,
+    KLPlacement,
+    PolicyGradient,
+    PolicyGradientConfig,
+    Ratio,
+    TrustRegion,
+)
 
 AdvNorm = Literal["separate", "joint"]
 

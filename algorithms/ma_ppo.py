@@ -36,11 +36,11 @@ from typing import Literal
 import torch
 
 from algorithms.ppo import PPO, PPOConfig
-from bench import losses as L
-from bench import segment as S
-from bench.rollout import Rollout, sample_seed
+from bench.engine.rollout import Rollout, sample_seed
+from bench.rl import losses as L
+from bench.rl import segment as S
+from bench.rl.value import clipped_value_loss, gae
 from bench.task import Task
-from bench.value import clipped_value_loss, gae
 
 Termination = Literal["fixed", "random", "perplexity", "task"]
 MacroRatio = Literal["token", "macro_product", "macro_geomean"]

@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from bench.losses import AggMode, KLKind, whiten
-from bench.objective import AdvScale, KLPlacement, Ratio, TrustRegion, policy_loss
-from bench.rollout import Rollout
-from bench.value import ActorCritic, ActorCriticConfig, CriticKind, clipped_value_loss, gae
+from bench.engine.rollout import Rollout
+from bench.rl.losses import AggMode, KLKind, whiten
+from bench.rl.objective import AdvScale, KLPlacement, Ratio, TrustRegion, policy_loss
+from bench.rl.value import ActorCritic, ActorCriticConfig, CriticKind, clipped_value_loss, gae
 
 
 @dataclass

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.module import AlgorithmConfig, PolicyModule
-from bench.policy import position_ids
+from bench.engine.policy import position_ids
+from bench.rl.module import AlgorithmConfig, PolicyModule
 
 
 @dataclass

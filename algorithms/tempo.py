@@ -26,9 +26,17 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.credit import prefix_values
-from bench.losses import AggMode, group_advantages, masked_mean
-from bench.objective import Advantage, AdvScale, KLPlacement, PolicyGradient, PolicyGradientConfig, Ratio, TrustRegion
+from bench.rl.credit import prefix_values
+from bench.rl.losses import AggMode, group_advantages, masked_mean
+from bench.rl.objective import (
+    Advantage,
+    AdvScale,
+    KLPlacement,
+    PolicyGradient,
+    PolicyGradientConfig,
+    Ratio,
+    TrustRegion,
+)
 
 
 @dataclass

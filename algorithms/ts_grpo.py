@@ -20,7 +20,7 @@ Deviations from the paper
 # NOTE(deviation): the planning reward is not public: ``planning_reward`` defaults to the answer reward ("answer") and
 #   may name any reward component the task logs (e.g. "format", "parses").
 # NOTE(deviation): a completion without an answer span is all answer (``no_span=answer``, pure GSPO, as the authors
-#   do) or all planning (``no_span=planning``). Token positions come from decoding prefixes (bench/credit.py).
+#   do) or all planning (``no_span=planning``). Token positions come from decoding prefixes (bench/rl/credit.py).
 # NOTE(deviation): the answer clip is read as ε_low = 0.28, ε_high = 0.25 (the authors' config comment suggests
 #   0.05-0.15); both losses divide by the optimizer step's B, so a row without tokens in a span adds 0 to that span.
 """
@@ -32,10 +32,10 @@ from typing import Literal
 
 import torch
 
-from bench import losses as L
-from bench.credit import span_token_mask
-from bench.losses import AggMode
-from bench.objective import (
+from bench.rl import losses as L
+from bench.rl.credit import span_token_mask
+from bench.rl.losses import AggMode
+from bench.rl.objective import (
     Advantage,
     AdvScale,
     KLPlacement,

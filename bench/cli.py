@@ -44,14 +44,14 @@ def _pop(args: list[str], key: str) -> tuple[str | None, list[str]]:
 
 
 def _config(args: list[str]):
-    from bench.train import load_config
+    from bench.run.train import load_config
 
     path, rest = _pop(args, "config_file")
     return load_config(path, rest) if path else compose(rest)
 
 
 def cmd_train(args: list[str]) -> None:
-    from bench.train import resume, train
+    from bench.run.train import resume, train
 
     resume_dir, rest = _pop(args, "resume")
     result = resume(resume_dir, rest) if resume_dir else train(_config(rest))
@@ -64,7 +64,7 @@ def cmd_train(args: list[str]) -> None:
 
 
 def cmd_main(args: list[str]) -> None:
-    from bench.train import train
+    from bench.run.train import train
 
     cfg = compose(MAIN_JOB + args)
     result = train(cfg)
@@ -81,7 +81,7 @@ def cmd_main(args: list[str]) -> None:
 
 def cmd_warm_start(args: list[str]) -> None:
     """Train (or reuse) the SFT warm start a config with init=sft needs; a sweep runs this once per seed."""
-    from bench.train import ensure_sft
+    from bench.run.train import ensure_sft
 
     print(f"warm start: {ensure_sft(_config(args))}")
 
@@ -93,8 +93,8 @@ def _sweep_name(ns) -> tuple[str, list[str]]:
 
 
 def cmd_sweep(ns) -> None:
-    from bench.report import report
-    from bench.sweep import run_sweep
+    from bench.run.report import report
+    from bench.run.sweep import run_sweep
 
     name, rest = _sweep_name(ns)
     out = run_sweep(name, rest, ns.launcher)
@@ -109,7 +109,7 @@ def cmd_sweep(ns) -> None:
 
 
 def cmd_report(ns) -> None:
-    from bench.report import report
+    from bench.run.report import report
 
     name, rest = _sweep_name(ns)
     print(f"report: {report(name, rest, x_axis=ns.x_axis)}")

@@ -21,7 +21,7 @@ class RegistryError(LookupError):
     pass
 
 
-BASES = ("bench.module.PolicyModule", "bench.task.Task")
+BASES = ("bench.rl.module.PolicyModule", "bench.task.Task")
 
 
 def _import(path: str) -> type:
@@ -114,5 +114,5 @@ class Registry:
         return classes[name]
 
 
-ALGORITHMS = Registry("algorithm", "algorithms", "bench.module.PolicyModule")
+ALGORITHMS = Registry("algorithm", "algorithms", "bench.rl.module.PolicyModule")
 TASKS = Registry("task", "tasks", "bench.task.Task")

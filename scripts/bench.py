@@ -72,14 +72,14 @@ def model_folder(name: str) -> Path:
     """tiny: a cached SFT warm start of the tiny model (trained once if none exists: random weights would score 0
     everywhere and leave nothing to train); smollm2-135m: the HF folder converted from the GGUF package."""
     from bench.config import compose
-    from bench.policy import gguf_folder
+    from bench.engine.policy import gguf_folder
 
     cache = ROOT / ".cache"
     if name == "tiny":
         done = sorted(cache.glob("sft/countdown-tiny-s0-*/DONE"))
         if done:
             return done[-1].parent
-        from bench.train import ensure_sft
+        from bench.run.train import ensure_sft
 
         return ensure_sft(compose(["model=tiny", "task=countdown", "algorithm=grpo", "init=sft"]))
     m = compose([f"model={name}", "task=gsm8k", "algorithm=grpo"]).model
@@ -130,7 +130,7 @@ def run_creditbench(c: dict, folder: Path, levers: dict[str, bool], schedule: li
     from omegaconf import OmegaConf
 
     from bench.config import compose
-    from bench.policy import load_policy
+    from bench.engine.policy import load_policy
     from bench.registry import ALGORITHMS, TASKS
 
     torch.set_num_threads(THREADS)
@@ -300,13 +300,14 @@ def run_trl(c: dict, folder: Path) -> dict:
 
 
 def same_loss(model, inputs: dict, trl_loss, B: int) -> dict:
-    """creditbench's GRPO loss (bench.objective.policy_loss via algorithms/grpo.py, beta 0) on the rows TRL is about to
-    train on, with TRL's advantages and the step's denominators; -> |Δloss| and max |Δgrad| against TRL's loss."""
+    """creditbench's GRPO loss (bench.rl.objective.policy_loss via algorithms/grpo.py, beta 0) on the rows TRL is
+    about to train on, with TRL's advantages and the step's denominators; -> |Δloss| and max |Δgrad| against TRL's
+    loss."""
     import torch
 
     from algorithms.grpo import GRPOConfig, grpo_loss
-    from bench.losses import Norm
-    from bench.policy import completion_logprobs
+    from bench.engine.policy import completion_logprobs
+    from bench.rl.losses import Norm
 
     params = [p for p in model.parameters() if p.requires_grad]
     mask = inputs["completion_mask"].float()

@@ -38,8 +38,8 @@ _spec = importlib.util.spec_from_file_location("bench_script", ROOT / "scripts" 
 bs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bs)  # scripts/bench.py: the configurations and the model folder both benchmarks use
 
-from bench.policy import completion_logprobs  # noqa: E402
-from bench.rollout import generate  # noqa: E402
+from bench.engine.policy import completion_logprobs  # noqa: E402
+from bench.engine.rollout import generate  # noqa: E402
 
 
 def main() -> None:
@@ -52,7 +52,7 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     from bench.config import compose
-    from bench.policy import load_policy
+    from bench.engine.policy import load_policy
 
     torch.set_num_threads(bs.THREADS)
     c = bs.CONFIGS[ns.config]

@@ -15,7 +15,7 @@ from pathlib import Path
 from bench import ROOT
 from bench.cli import MAIN_JOB
 from bench.config import compose
-from bench.train import train
+from bench.run.train import train
 
 
 def main() -> None:

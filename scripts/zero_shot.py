@@ -18,9 +18,9 @@ from omegaconf import OmegaConf
 
 from bench import ROOT
 from bench.config import compose
-from bench.module import PolicyModule
-from bench.policy import load_policy
+from bench.engine.policy import load_policy
 from bench.registry import TASKS
+from bench.rl.module import PolicyModule
 
 
 def main() -> None:

@@ -10,9 +10,9 @@ from mlflow.tracking import MlflowClient
 from transformers import AutoModelForCausalLM
 
 from bench.config import compose
-from bench.objective import CHOICES, PolicyGradientConfig
 from bench.registry import ALGORITHMS, TASKS
-from bench.train import train
+from bench.rl.objective import CHOICES, PolicyGradientConfig
+from bench.run.train import train
 from tests.conftest import data_root
 
 RL = [n for n in ALGORITHMS.names() if issubclass(ALGORITHMS.get(n).Config, PolicyGradientConfig)]

@@ -1,4 +1,4 @@
-"""Fine-grained credit (bench/credit.py; algorithms gtpo, grpo_s, tempo, ts_grpo): the group prefix trie and TEMPO's
+"""Fine-grained credit (bench/rl/credit.py; algorithms gtpo, grpo_s, tempo, ts_grpo): the group prefix trie and TEMPO's
 advantages on a hand-built group; GTPO / GRPO-S entropy weights and rewards by hand; reductions to their parents
 (GTPO α2 = 0 -> DAPO-style, GRPO-S β2 = 0 -> a sequence-level clipped loss, TEMPO without branching -> GRPO, TS-GRPO
 with an empty / all-answer span -> token GRPO / GSPO-token), loss and d loss / d logp to 1e-6; answer spans as token
@@ -21,13 +21,13 @@ from algorithms.gtpo import GTPOConfig, entropy_weights, gtpo_advantages, gtpo_t
 from algorithms.tempo import TEMPOConfig, tempo_advantages
 from algorithms.ts_grpo import TSGRPOConfig, ts_grpo_advantages, ts_grpo_loss
 from bench.config import compose
-from bench.credit import common_prefix_lengths, group_token_zscore, prefix_values, span_token_mask
-from bench.losses import Norm, clipped_surrogate
-from bench.objective import PolicyGradientConfig, advantages, policy_loss
-from bench.policy import char_tokenizer, load_policy
+from bench.engine.policy import char_tokenizer, load_policy
+from bench.engine.rollout import Rollout
 from bench.registry import ALGORITHMS, TASKS
-from bench.rollout import Rollout
-from bench.train import train
+from bench.rl.credit import common_prefix_lengths, group_token_zscore, prefix_values, span_token_mask
+from bench.rl.losses import Norm, clipped_surrogate
+from bench.rl.objective import PolicyGradientConfig, advantages, policy_loss
+from bench.run.train import train
 from tasks.countdown import answer_span as countdown_span
 from tests.conftest import SMALL, data_root
 from tests.test_critic_free import single_thread  # noqa: F401  (autouse: one intra-op thread for tiny tensors)

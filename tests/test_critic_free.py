@@ -1,4 +1,4 @@
-"""The critic-free family (bench/objective.py, algorithms/*): a hand-computed golden batch per algorithm through the
+"""The critic-free family (bench/rl/objective.py, algorithms/*): a hand-computed golden batch per algorithm through the
 full path shape_rewards -> advantages -> policy_loss (returns, advantages, loss and d loss / d logp); properties over
 every algorithm (masked positions inert, padding invariance, constant-reward groups, centred group advantages, RLOO's
 leave-one-out form, KL penalties >= 0); reductions between relatives; gradient-accumulation invariance for every
@@ -16,10 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.losses import Norm, agg_loss, terminal_rewards
-from bench.objective import PolicyGradientConfig, advantages, policy_loss, shape_rewards
 from bench.registry import ALGORITHMS
-from bench.value import ActorCritic
+from bench.rl.losses import Norm, agg_loss, terminal_rewards
+from bench.rl.objective import PolicyGradientConfig, advantages, policy_loss, shape_rewards
+from bench.rl.value import ActorCritic
 
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant-normalised")
 F64 = torch.float64

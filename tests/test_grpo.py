@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from algorithms.grpo import GRPOConfig, grpo_advantages, grpo_loss
 from bench.config import ModelConfig
-from bench.losses import Norm, agg_loss, clipped_surrogate
-from bench.policy import char_tokenizer, completion_logprobs, tiny_model
+from bench.engine.policy import char_tokenizer, completion_logprobs, tiny_model
+from bench.rl.losses import Norm, agg_loss, clipped_surrogate
 
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant-normalised")
 F64 = torch.float64

@@ -532,7 +532,7 @@ def test_tiny_grpo_run_logs_strict_and_lenient(small, store) -> None:
     from mlflow.tracking import MlflowClient
 
     from bench.config import compose
-    from bench.train import train
+    from bench.run.train import train
 
     args = ["algorithm=grpo", "task=gsm8k", f"task.data_root={data_root()}", *small, "rollout.max_new_tokens=16"]
     result = train(compose(args))

@@ -1,4 +1,4 @@
-"""Shared loss primitives (bench/losses.py): hand-computed golden values, then properties (masked positions inert,
+"""Shared loss primitives (bench/rl/losses.py): hand-computed golden values, then properties (masked positions inert,
 padding invariance, gradient-accumulation invariance, group advantages centred, k3 >= 0)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.losses import (
+from bench.rl.losses import (
     Norm,
     agg_loss,
     clipped_surrogate,

@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 
 from bench import ROOT
 from bench.config import compose
-from bench.policy import completion_logprobs, load_policy
+from bench.engine.policy import completion_logprobs, load_policy
+from bench.engine.rollout import Rollout, generate
 from bench.registry import ALGORITHMS, TASKS
-from bench.rollout import Rollout, generate
 
 SMALL = [
     "model.hidden_size=32",

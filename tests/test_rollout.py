@@ -6,8 +6,8 @@ import torch
 from transformers import AutoTokenizer
 
 from bench.config import LoraConfig, ModelConfig
-from bench.policy import Reference, char_tokenizer, completion_logprobs, load_policy
-from bench.rollout import generate, sample_seed
+from bench.engine.policy import Reference, char_tokenizer, completion_logprobs, load_policy
+from bench.engine.rollout import generate, sample_seed
 
 SMALL = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
 

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.config import compose
-from bench.policy import Reference, completion_logprobs, load_policy
+from bench.engine.policy import Reference, completion_logprobs, load_policy
 
 pytestmark = [
     pytest.mark.slow,

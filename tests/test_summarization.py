@@ -393,7 +393,7 @@ def test_dialogsum_splits_on_data() -> None:
 @pytest.mark.parametrize("corpus", ["xsum", "dialogsum"])
 def test_every_prompt_renders(corpus: str) -> None:
     """instruction and plain_prompt are non-empty for all eval examples; plain prompts fit the tiny model's budget."""
-    from bench.policy import char_tokenizer
+    from bench.engine.policy import char_tokenizer
 
     task = task_for(corpus)
     tok = char_tokenizer()

@@ -19,8 +19,8 @@ from mlflow.tracking import MlflowClient
 
 from bench import ROOT
 from bench.config import ConfigError
-from bench.report import report
-from bench.sweep import load_plan, load_spec, run_sweep
+from bench.run.report import report
+from bench.run.sweep import load_plan, load_spec, run_sweep
 from tests.conftest import SMALL
 
 
@@ -88,7 +88,7 @@ def test_shipped_sweeps_plan(name):
 
 
 def test_report_labels_show_only_the_axes_that_vary_for_an_algorithm(tmp_path):
-    from bench.report import variants
+    from bench.run.report import variants
 
     p = write_sweep(
         tmp_path,

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from bench.config import compose
-from bench.policy import char_tokenizer
+from bench.engine.policy import char_tokenizer
 from bench.registry import TASKS
 from tests.conftest import data_root
 

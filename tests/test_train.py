@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from bench import ROOT
 from bench.config import compose
-from bench.train import resume, train
+from bench.run.train import resume, train
 
 STEP_METRICS = [
     "reward/mean",

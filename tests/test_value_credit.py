@@ -1,4 +1,4 @@
-"""Actor-critic and macro-action machinery (bench/value.py, bench/segment.py) and PPO / MA-PPO: GAE against a slow
+"""Actor-critic and macro-action machinery (bench/rl/value.py, bench/rl/segment.py) and PPO / MA-PPO: GAE against a slow
 reference, golden values, segmentation on ragged batches, the MA-PPO (n = 1) -> PPO reduction, and end-to-end runs
 that log the critic's diagnostics."""
 
@@ -18,14 +18,14 @@ from omegaconf import OmegaConf
 from algorithms.ma_ppo import RATIOS, MAPPOConfig, ma_ppo_loss, macro_gae
 from algorithms.ppo import PPOConfig, ppo_loss
 from bench import ROOT
-from bench import segment as S
 from bench.config import ConfigError, compose
-from bench.losses import Norm
-from bench.policy import char_tokenizer, load_policy
+from bench.engine.policy import char_tokenizer, load_policy
 from bench.registry import ALGORITHMS, TASKS
+from bench.rl import segment as S
+from bench.rl.losses import Norm
+from bench.rl.value import clipped_value_loss, explained_variance, gae, gae_reference
+from bench.run.train import train
 from bench.task import RewardResult
-from bench.train import train
-from bench.value import clipped_value_loss, explained_variance, gae, gae_reference
 from tests.conftest import data_root
 
 
@@ -115,7 +115,7 @@ SMALL_MODEL = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2"
 
 
 def _module(name: str = "ppo", *overrides: str):
-    """An algorithm module on the tiny model, built as bench.train does (no Trainer)."""
+    """An algorithm module on the tiny model, built as bench.run.train does (no Trainer)."""
     cfg = OmegaConf.to_object(compose([f"algorithm={name}", "task=countdown", *SMALL_MODEL, *overrides]))
     policy, tok = load_policy(cfg.model, cfg.seed)
     task = TASKS.get("countdown")(cfg.task, tok, seed=0, prompts_per_step=2, train_stream="prompts", batch_size=4)
@@ -138,7 +138,7 @@ def test_value_head_reads_the_policy_forward(trim):
     """critic=head: in the update the values come from the hidden states of the policy's own forward (captured by a
     hook), equal to a direct forward of the trunk, also when that forward trims padding; a forward of the reference
     snapshot (a deep copy of the policy, hook included) does not overwrite them; 0 on padding."""
-    from bench.policy import Reference, completion_logprobs
+    from bench.engine.policy import Reference, completion_logprobs
 
     m = _module("ppo")
     torch.nn.init.normal_(m.critic.head.weight)
@@ -162,7 +162,7 @@ def test_value_head_reads_the_policy_forward(trim):
 def test_value_head_on_a_lora_policy():
     """Under LoRA the value head sits on the peft-wrapped trunk (adapter active) and reads its training forward."""
     pytest.importorskip("peft")
-    from bench.policy import completion_logprobs
+    from bench.engine.policy import completion_logprobs
 
     m = _module("ppo", "model.lora.enabled=true")
     torch.nn.init.normal_(m.critic.head.weight)
@@ -329,7 +329,7 @@ def _rollout(seed: int = 0):
 def test_ma_ppo_with_unit_macros_is_ppo(whiten):
     """MA-PPO with n = 1 and the token ratio gives PPO's advantages, returns, loss, stats and gradients (same
     rewards and values); whitening on or off in both."""
-    from bench.losses import whiten as whiten_fn
+    from bench.rl.losses import whiten as whiten_fn
 
     x = _rollout()
     mask = x["mask"]

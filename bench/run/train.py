@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bench import ROOT
 from bench.config import ConfigError, compose, config_hash, flatten, to_yaml
-from bench.policy import Reference, load_policy
+from bench.engine.policy import Reference, load_policy
 from bench.registry import ALGORITHMS, TASKS
 from bench.tracking import BenchLogger, artifact_root, git_commit, tracking_uri
 

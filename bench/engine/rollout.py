@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, StaticCache
 
-from bench.policy import position_ids
+from bench.engine.policy import position_ids
 
 
 def sample_seed(*parts) -> int:
@@ -189,9 +189,9 @@ class Rollout:
     entropy: torch.Tensor | None = None  # [B, T] full-vocabulary entropy of π_old (when an algorithm needs it)
     answer_mask: torch.Tensor | None = None  # [B, T] float: tokens of the task's answer span (fine-grained credit)
     adv: torch.Tensor | None = None  # [B] or [B, T]
-    values: torch.Tensor | None = None  # [B, T] V_old(s_t) from the behaviour pass (actor-critic: bench/value.py)
+    values: torch.Tensor | None = None  # [B, T] V_old(s_t) from the behaviour pass (actor-critic: bench/rl/value.py)
     returns: torch.Tensor | None = None  # [B, T] value targets R̂_t (actor-critic)
-    macro_index: torch.Tensor | None = None  # [B, T] long: macro action of each token, −1 on padding (bench/segment.py)
+    macro_index: torch.Tensor | None = None  # [B, T] long: macro action of each token, −1 on padding (rl/segment.py)
 
     @property
     def size(self) -> int:
@@ -260,7 +260,7 @@ class Rollout:
             "old_logp": self.old_logp[idx],
             "adv": self.adv[idx],
         }
-        # optional per-token tensors, present when computed (values, returns, macro_index: actor-critic, bench/value.py)
+        # optional per-token tensors, present when computed (values, returns, macro_index: actor-critic, rl/value.py)
         for name in ("ref_logp", "entropy", "answer_mask", "values", "returns", "macro_index"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)[idx]

@@ -18,9 +18,9 @@ import torch
 import torchmetrics
 from lightning.pytorch.utilities import rank_zero_warn
 
-from bench.losses import Norm, terminal_rewards, zero_variance_groups
-from bench.policy import Reference, completion_logprobs
-from bench.rollout import Rollout, generate, sample_seed
+from bench.engine.policy import Reference, completion_logprobs
+from bench.engine.rollout import Rollout, generate, sample_seed
+from bench.rl.losses import Norm, terminal_rewards, zero_variance_groups
 
 
 @dataclass
@@ -204,13 +204,13 @@ class RLModule(PolicyModule):
         self.samples_seen, self.tokens_generated = state["samples_seen"], state["tokens_generated"]
         self.nonfinite_skipped = state["nonfinite_skipped"]
 
-    # ---- hooks with defaults (the critic-free family in bench/objective.py overrides them from its choices) -------
+    # ---- hooks with defaults (the critic-free family in bench/rl/objective.py overrides them from its choices) -------
     max_sampling_rounds: int = 1
     """Generation rounds per step when ``keep_groups`` drops groups (1: no resampling)."""
 
     @property
     def forward_switches(self) -> dict[str, bool]:
-        """Speed switches of the training forward (bench.policy.completion_logprobs): same values, less work."""
+        """Speed switches of the training forward (bench.engine.policy.completion_logprobs): same values, less work."""
         t = self.cfg.train
         return {"trim": t.trim_padding, "share_prompt": t.share_prompt_forward}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench import ROOT
 from bench.config import config_hash
-from bench.sweep import Cell, Sweep, load_plan
+from bench.run.sweep import Cell, Sweep, load_plan
 
 X_AXES = {"step": None, "samples": "eval/at_samples_seen", "tokens": "eval/at_tokens_generated"}
 ALPHA = 0.05

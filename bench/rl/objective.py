@@ -1,7 +1,7 @@
 """The critic-free family as explicit, orthogonal choices (see ../shared/docs/field-notes.md, "Comparability").
 
 An algorithm is a ``PolicyGradientConfig``: one value for each choice below, each backed by one primitive in
-``bench/losses.py``. Every choice is a config field, so it is logged with the run (params and ``choice.*`` tags) and
+``bench/rl/losses.py``. Every choice is a config field, so it is logged with the run (params and ``choice.*`` tags) and
 can be overridden on the command line or swept. Dispatch is on the *choice's value* through small tables, never on an
 algorithm's name.
 
@@ -23,9 +23,9 @@ from typing import Literal
 
 import torch
 
-from bench import losses as L
-from bench.module import AlgorithmConfig, RLModule
-from bench.rollout import Rollout
+from bench.engine.rollout import Rollout
+from bench.rl import losses as L
+from bench.rl.module import AlgorithmConfig, RLModule
 
 Advantage = Literal[
     "none", "batch_mean", "rloo", "group", "gpg", "reinforce_pp", "reinforce_pp_baseline", "greedy_baseline"

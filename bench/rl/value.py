@@ -23,10 +23,10 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from bench import losses as L
-from bench.objective import PolicyGradient, PolicyGradientConfig
-from bench.policy import position_ids
-from bench.rollout import Rollout
+from bench.engine.policy import position_ids
+from bench.engine.rollout import Rollout
+from bench.rl import losses as L
+from bench.rl.objective import PolicyGradient, PolicyGradientConfig
 
 CriticKind = Literal["head", "model"]
 ACTOR_CRITIC_CHOICES = ("critic", "whiten_adv")
