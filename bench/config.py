@@ -131,14 +131,38 @@ class TrainerConfig:
 
 @dataclass
 class EvalConfig:
-    temperature: float = 0.0
-    """0 is greedy: held-out accuracy is pass@1 under greedy decoding."""
+    """Held-out evaluation on the task's fixed set: greedy pass@1 always (``eval/accuracy``, with its binomial
+    standard error), and optionally k sampled completions per problem (``eval/mean@k``, the unbiased ``eval/pass@j``).
+    Every evaluation keeps its per-problem outcomes as the run artifact ``eval/outcomes/step_<step>.jsonl``."""
+
+    samples_per_problem: int = 0
+    """k: completions sampled per problem at ``temperature`` besides the greedy one (0: greedy only)."""
+    temperature: float = 1.0
+    """Temperature of the sampled evaluation (the greedy pass@1 decodes at 0 whatever this is)."""
     top_p: float = 1.0
+    """Nucleus cut of the sampled evaluation."""
+    pass_k: list[int] = field(default_factory=lambda: [1, 4, 8, 16])
+    """j values for the unbiased pass@j (Chen et al. 2021, Eq. 1) of the sampled evaluation; those above k are
+    left out."""
     max_new_tokens: int | None = None
     """None: rollout.max_new_tokens."""
     batch_size: int = 64
+    """Completions per generate call (a sampled chunk holds batch_size // k problems)."""
     samples_logged: int = 16
     """Completions logged as an MLflow table at each evaluation."""
+
+    def __post_init__(self) -> None:
+        if self.samples_per_problem < 0:
+            raise ValueError(f"eval.samples_per_problem must be >= 0, got {self.samples_per_problem}")
+        if self.samples_per_problem and not self.temperature > 0:
+            raise ValueError(
+                f"eval.samples_per_problem={self.samples_per_problem} samples at eval.temperature, which must be > 0 "
+                f"(got {self.temperature}); the greedy pass@1 is always evaluated"
+            )
+        if any(k < 1 for k in self.pass_k):
+            raise ValueError(f"eval.pass_k values must be >= 1, got {list(self.pass_k)}")
+        if self.batch_size < 1:
+            raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
 
 
 @dataclass

@@ -65,6 +65,10 @@ class BenchLogger(MLFlowLogger):
     def log_text(self, text: str, artifact_file: str) -> None:
         self.experiment.log_text(self.run_id, text, artifact_file)
 
+    def log_jsonl(self, rows: list[dict], artifact_file: str) -> None:
+        """One JSON object per line (the per-problem evaluation outcomes the report reads back)."""
+        self.log_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows), artifact_file)
+
     def log_json(self, obj, artifact_file: str) -> None:
         self.log_text(json.dumps(obj, indent=2, default=str), artifact_file)
 

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import lightning as L
+import numpy as np
 import torch
-import torchmetrics
 from lightning.pytorch.utilities import rank_zero_warn
 
 from bench.engine.policy import Reference, completion_logprobs
 from bench.engine.rollout import Rollout, generate, sample_seed
 from bench.rl.losses import Norm, terminal_rewards, zero_variance_groups
+from bench.run.stats import binomial_se, mean_se, pass_at_k
 
 
 @dataclass
@@ -28,6 +29,38 @@ class AlgorithmConfig:
     """Fields every algorithm has; each algorithm extends this with its paper's symbols."""
 
     name: str = "grpo"
+
+
+def _value(v) -> float:
+    """A metric as the value computed: a float32 (or lower-precision) tensor becomes the shortest decimal that rounds
+    to the same float32 (0.405, not 0.4050000011920929); everything else is converted as it is."""
+    if isinstance(v, torch.Tensor) and v.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return float(str(np.float32(v.float().item())))
+    return float(v)
+
+
+def outcome_metrics(outcomes: list[dict], k: int = 0, pass_k: list[int] = ()) -> dict[str, float]:
+    """Evaluation metrics from per-problem outcomes (``PolicyModule.evaluate``), in float64: greedy accuracy with its
+    binomial standard error, mean reward and completion length; with k samples per problem, mean@k with its standard
+    error over problems and the unbiased pass@j for each j <= k in ``pass_k``."""
+    correct = np.array([o["correct"] for o in outcomes], dtype=np.float64)
+    acc = float(correct.mean())
+    m = {
+        "eval/accuracy": acc,
+        "eval/accuracy_se": binomial_se(acc, len(correct)),
+        "eval/reward_mean": math.fsum(o["score"] for o in outcomes) / len(outcomes),
+        "eval/completion_len_mean": sum(o["length"] for o in outcomes) / len(outcomes),
+    }
+    if k:
+        c = np.array([o["n_correct"] for o in outcomes], dtype=np.int64)
+        m[f"eval/mean@{k}"] = float((c / k).mean())
+        m[f"eval/mean@{k}_se"] = mean_se(c / k)
+        m["eval/sampled_reward_mean"] = math.fsum(o["score_mean"] for o in outcomes) / len(outcomes)
+        m["eval/sampled_len_mean"] = math.fsum(o["length_mean"] for o in outcomes) / len(outcomes)
+        for j in sorted(set(pass_k)):
+            if j <= k:
+                m[f"eval/pass@{j}"] = float(pass_at_k(k, c, j).mean())
+    return m
 
 
 class PolicyModule(L.LightningModule):
@@ -50,8 +83,6 @@ class PolicyModule(L.LightningModule):
         self.checkpoint_path = None  # set by the driver: where periodic and final checkpoints go
         self.last_eval_step = -1
         self.eval_history: list[tuple[int, dict]] = []
-        self.eval_accuracy = torchmetrics.MeanMetric()
-        self.eval_reward = torchmetrics.MeanMetric()
 
     # ---- optimisation -------------------------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -79,7 +110,7 @@ class PolicyModule(L.LightningModule):
     def log_metrics(self, metrics: dict[str, float]) -> None:
         """All metrics go to the loggers with step = training step (rollout step for RL), never Lightning's count of
         optimizer steps, so every algorithm shares the x-axis."""
-        metrics = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+        metrics = {k: _value(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
         for logger in self.loggers:
             logger.log_metrics(metrics, step=self.step_count)
 
@@ -100,39 +131,22 @@ class PolicyModule(L.LightningModule):
     # ---- evaluation ---------------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """pass@1 and mean reward on the task's fixed held-out set, with the eval sampling settings."""
-        e, r = self.cfg.eval, self.cfg.rollout
+        """Greedy pass@1 on the task's fixed held-out set and, with ``eval.samples_per_problem`` = k, k completions
+        per problem at ``eval.temperature``. Per-problem outcomes go to the run as ``eval/outcomes/step_<step>.jsonl``
+        (uid, correct, score, length; with sampling also n, n_correct, score_mean, length_mean), the metrics are
+        computed from them in float64 (``outcome_metrics``)."""
+        e = self.cfg.eval
         was_training = self.policy.training
         self.policy.eval()
-        self.eval_accuracy.reset()
-        self.eval_reward.reset()
         examples = self.task.eval_examples()
-        rows, lengths, components = [], [], defaultdict(list)
-        for start in range(0, len(examples), e.batch_size):
-            chunk = examples[start : start + e.batch_size]
-            batch = self.task.collate_prompts(chunk)
-            gen = generate(
-                self.policy,
-                batch["prompt_ids"].to(self.device),
-                batch["prompt_mask"].to(self.device),
-                group_size=1,
-                max_new_tokens=e.max_new_tokens or r.max_new_tokens,
-                temperature=e.temperature,
-                top_p=e.top_p,
-                eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id,
-                seeds=[sample_seed(self.cfg.seed, "eval", start + i) for i in range(len(chunk))],
-                compact_finished=r.compact_finished,
-                static_cache=r.static_cache,
-            )
-            texts = self.decode(gen.completion_ids, gen.mask)
-            for ex, text, n in zip(chunk, texts, gen.lengths.tolist(), strict=True):
+        outcomes: list[dict] = [{"uid": ex.uid} for ex in examples]
+        rows, components = [], defaultdict(list)
+        for start, chunk, texts, lengths in self._eval_generations(examples, 1, 0.0):
+            for i, (ex, text, n) in enumerate(zip(chunk, texts, lengths, strict=True)):
                 res = self.task.reward(ex, text)
-                self.eval_accuracy.update(float(self.task.is_correct(res)))
-                self.eval_reward.update(res.score)
-                lengths.append(n)
+                outcomes[start + i].update(correct=int(self.task.is_correct(res)), score=float(res.score), length=n)
                 for k, v in res.components.items():
-                    components[k].append(v)
+                    components[k].append(float(v))
                 if len(rows) < e.samples_logged:
                     rows.append(
                         {
@@ -143,12 +157,19 @@ class PolicyModule(L.LightningModule):
                             "score": res.score,
                         }
                     )
-        metrics = {
-            "eval/accuracy": self.eval_accuracy.compute().item(),
-            "eval/reward_mean": self.eval_reward.compute().item(),
-            "eval/completion_len_mean": sum(lengths) / len(lengths),
-        }
-        metrics.update({f"eval/{k}": sum(v) / len(v) for k, v in components.items()})
+        k = e.samples_per_problem
+        if k:
+            for start, chunk, texts, lengths in self._eval_generations(examples, k, e.temperature):
+                for i, ex in enumerate(chunk):
+                    results = [self.task.reward(ex, t) for t in texts[i * k : (i + 1) * k]]
+                    outcomes[start + i].update(
+                        n=k,
+                        n_correct=sum(self.task.is_correct(r) for r in results),
+                        score_mean=math.fsum(r.score for r in results) / k,
+                        length_mean=sum(lengths[i * k : (i + 1) * k]) / k,
+                    )
+        metrics = outcome_metrics(outcomes, k, e.pass_k)
+        metrics.update({f"eval/{name}": math.fsum(v) / len(v) for name, v in components.items()})
         # The other x-axes at this evaluation, so curves can be drawn against samples or tokens as well as steps.
         for axis in ("samples_seen", "tokens_generated"):
             if hasattr(self, axis):
@@ -157,10 +178,36 @@ class PolicyModule(L.LightningModule):
         for logger in self.loggers:
             if hasattr(logger, "log_table"):
                 logger.log_table(rows, f"eval/samples_step_{self.step_count:06d}.json")
+                logger.log_jsonl(outcomes, f"eval/outcomes/step_{self.step_count:06d}.jsonl")
         self.eval_history.append((self.step_count, metrics))
         self.last_eval_step = self.step_count
         self.policy.train(was_training)
         return metrics
+
+    def _eval_generations(self, examples: list, group: int, temperature: float):
+        """Yield (first index, problems, decoded completions, lengths) chunk by chunk; ``group`` completions per
+        problem, each problem's sampler seeded by (run seed, uid) so its samples do not depend on the batch layout."""
+        e, r = self.cfg.eval, self.cfg.rollout
+        per_chunk = max(1, e.batch_size // group)
+        for start in range(0, len(examples), per_chunk):
+            chunk = examples[start : start + per_chunk]
+            batch = self.task.collate_prompts(chunk)
+            gen = generate(
+                self.policy,
+                batch["prompt_ids"].to(self.device),
+                batch["prompt_mask"].to(self.device),
+                group_size=group,
+                max_new_tokens=e.max_new_tokens or r.max_new_tokens,
+                temperature=temperature,
+                top_p=e.top_p if temperature > 0 else 1.0,
+                eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id,
+                seeds=[sample_seed(self.cfg.seed, "eval", group, ex.uid) for ex in chunk],
+                share_prompt_cache=r.share_prompt_cache,
+                compact_finished=r.compact_finished,
+                static_cache=r.static_cache,
+            )
+            yield start, chunk, self.decode(gen.completion_ids, gen.mask), gen.lengths.tolist()
 
     def decode(self, completion_ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
         ids = [row[m.bool()].tolist() for row, m in zip(completion_ids.cpu(), mask.cpu(), strict=True)]

@@ -74,6 +74,21 @@ class ReportSpec:
     """step | samples | tokens: the x-axis of the learning-curve PNGs."""
     out: str | None = None
     """Where the report goes; None: results/<sweep name>/."""
+    baseline: str | None = None
+    """The variant every other is compared with (paired where seeds match); None: the first algorithm of the axes."""
+    target_effect: float = 0.02
+    """The effect the power section asks about: how many seeds would detect a difference this large."""
+    alpha: float = 0.05
+    """Two-sided level of every interval and test."""
+    power: float = 0.8
+    """Power of the minimum detectable effect."""
+    correction: str = "holm"
+    """Multiple-comparison adjustment of the baseline comparisons: holm (family-wise) or bh (false discovery rate)."""
+    interval: str = "t"
+    """t: Student t on the seeds x problems variance (covers at few seeds); bootstrap: percentile hierarchical
+    bootstrap (for many seeds; undercovers at 3-5, bench/run/stats.py)."""
+    bootstrap_reps: int = 2000
+    """Bootstrap replicates (rliable aggregates, probability of improvement, noise decomposition)."""
 
 
 @dataclass

@@ -1,0 +1,218 @@
+"""The statistics behind every report: each estimator against scipy / statsmodels / rliable or hand values on fixed
+arrays, unbiased pass@k against brute-force enumeration, and a simulation of synthetic runs with a known effect
+and known noise that checks the intervals' coverage and the tests' false-rejection rate at the seed counts the
+sweeps ship (3 and 5)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from bench.run import stats as S
+
+
+# ---- evaluation estimators ----------------------------------------------------------------------------------------
+def _brute_pass_at_k(n: int, c: int, k: int) -> float:
+    """The fraction of the C(n, k) size-k subsets of n samples (c correct) that hold at least one correct sample."""
+    items = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(items[i] for i in s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_pass_at_k_equals_brute_force_enumeration(n):
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            got = float(S.pass_at_k(n, c, k))
+            want = _brute_pass_at_k(n, c, k)
+            assert got == pytest.approx(want, abs=1e-12), (n, c, k, got, want)
+
+
+def test_pass_at_k_vectorised_and_checked():
+    n, c = np.array([4, 4, 10]), np.array([0, 1, 3])
+    # pass@2: 0; 1 − C(3,2)/C(4,2) = 1 − 3/6 = 0.5; 1 − C(7,2)/C(10,2) = 1 − 21/45 = 0.5333...
+    assert S.pass_at_k(n, c, 2) == pytest.approx([0.0, 0.5, 1 - 21 / 45])
+    assert S.pass_at_k(n, c, 1) == pytest.approx(c / n)  # pass@1 is the fraction correct
+    with pytest.raises(ValueError, match="k <= n"):
+        S.pass_at_k(n, c, 5)
+    with pytest.raises(ValueError, match="0..n"):
+        S.pass_at_k(4, 5, 1)
+
+
+def test_standard_errors_hand_values():
+    assert S.binomial_se(0.4, 200) == pytest.approx(0.0346410, abs=1e-6)  # statistics.md: 0.035
+    assert S.binomial_se(0.4, 1000) == pytest.approx(0.0154919, abs=1e-6)
+    x = np.array([0.0, 0.5, 1.0, 0.25])  # sd (ddof 1) = 0.4270, / 2
+    assert S.mean_se(x) == pytest.approx(np.std(x, ddof=1) / 2)
+
+
+# ---- differences ----------------------------------------------------------------------------------------------------
+def test_run_level_paired_and_unpaired_differences_equal_scipy():
+    """With one value per run (no per-problem outcomes) the intervals are the classical t tests."""
+    a = np.array([[0.41], [0.45], [0.38], [0.47]])
+    b = np.array([[0.40], [0.41], [0.37], [0.42]])
+    p = S.difference(a, b, paired=True)
+    ref = sps.ttest_rel(a[:, 0], b[:, 0])
+    ci = ref.confidence_interval(0.95)
+    assert p.estimate == pytest.approx(0.0275) and p.p == pytest.approx(ref.pvalue)
+    assert (p.lo, p.hi) == pytest.approx((ci.low, ci.high)) and p.df == 3
+    u = S.difference(a, b, paired=False)
+    ref = sps.ttest_ind(a[:, 0], b[:, 0], equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    assert u.p == pytest.approx(ref.pvalue) and (u.lo, u.hi) == pytest.approx((ci.low, ci.high))
+    assert u.df == pytest.approx(ref.df)
+
+
+def test_problem_term_hand_value():
+    """2 seeds x 3 problems, paired. d = a − b = [[1, 0, 0], [1, 1, 0]]: per-seed means 1/3, 2/3 (var 1/18, /2 =
+    1/36); per-problem means 1, 1/2, 0 (var 1/4); per-problem variance over seeds 0, 1/2, 0 (mean 1/6, /2 seeds =
+    1/12); τ̂² = 1/4 − 1/12 = 1/6, / 3 problems = 1/18. SE² = 1/36 + 1/18 = 1/12."""
+    a = np.array([[1, 1, 0], [1, 1, 1]], float)
+    b = np.array([[0, 1, 0], [0, 0, 1]], float)
+    d = S.difference(a, b, paired=True)
+    assert d.estimate == pytest.approx(0.5) and d.se == pytest.approx(math.sqrt(1 / 12)) and d.df == 1
+    q = sps.t.ppf(0.975, 1)
+    assert (d.lo, d.hi) == pytest.approx((0.5 - q * math.sqrt(1 / 12), 0.5 + q * math.sqrt(1 / 12)))
+
+
+def test_difference_refuses_mismatched_designs():
+    with pytest.raises(ValueError, match="different problem sets"):
+        S.difference(np.zeros((3, 10)), np.zeros((3, 11)), paired=False)
+    with pytest.raises(ValueError, match="same seeds"):
+        S.difference(np.zeros((3, 10)), np.zeros((2, 10)), paired=True)
+    one = S.difference(np.ones((1, 5)), np.zeros((1, 5)), paired=True)
+    assert one.estimate == 1.0 and math.isnan(one.lo) and one.method == "too few seeds"
+
+
+def test_hierarchical_bootstrap_variance_of_one_run_is_the_binomial_variance():
+    rng = np.random.default_rng(3)
+    y = (rng.random((1, 1000)) < 0.4).astype(float)
+    p = y.mean()
+    reps = S.hierarchical_bootstrap(y, reps=8000, seed=1)
+    assert reps.mean() == pytest.approx(p, abs=0.002)
+    assert reps.std() == pytest.approx(math.sqrt(p * (1 - p) / 1000), rel=0.05)
+    # paired replicates of a variant against itself are all exactly 0
+    assert np.all(S.hierarchical_bootstrap(y, y, paired=True, reps=50) == 0)
+
+
+def test_noise_decomposition_recovers_known_components():
+    """10 seeds whose true accuracy varies with sd 0.03, each on 2000 Bernoulli problems (eval sd ~0.011)."""
+    rng = np.random.default_rng(5)
+    p = 0.4 + rng.normal(0, 0.03, size=10)
+    y = (rng.random((10, 2000)) < p[:, None]).astype(float)
+    n = S.noise(y, reps=2000)
+    assert n.eval_sd == pytest.approx(math.sqrt(0.4 * 0.6 / 2000), rel=0.05)
+    assert n.observed_sd == pytest.approx(float(y.mean(1).std(ddof=1)))
+    assert n.train_sd == pytest.approx(math.sqrt(n.observed_sd**2 - n.eval_sd**2))
+    assert 0 < n.eval_share < 1
+
+
+def test_power_against_the_t_approximation_and_its_inverse():
+    """MDE ≈ (t_{1−α/2,df} + t_{1−β,df}) · SE (statistics.md); seeds_needed inverts mde."""
+    for n in (5, 10, 30):
+        approx = (sps.t.ppf(0.975, n - 1) + sps.t.ppf(0.8, n - 1)) * 0.05 / math.sqrt(n)
+        assert S.mde(0.05, n, paired=True) == pytest.approx(approx, rel=0.08), n
+        approx_u = (sps.t.ppf(0.975, 2 * n - 2) + sps.t.ppf(0.8, 2 * n - 2)) * 0.05 * math.sqrt(2 / n)
+        assert S.mde(0.05, n, paired=False) == pytest.approx(approx_u, rel=0.05), n
+    assert S.mde(0.05, 3, paired=True) > S.mde(0.05, 5, paired=True) > S.mde(0.05, 10, paired=True)
+    assert math.isnan(S.mde(0.05, 1, paired=True)) and math.isnan(S.mde(0.0, 5, paired=True))
+    for n in (3, 7, 20):
+        for paired in (True, False):
+            target = S.mde(0.04, n, paired=paired)
+            assert S.seeds_needed(target * 1.0000001, 0.04, paired=paired) == n
+    assert S.seeds_needed(1e-9, 1.0, paired=True, most=1000) == math.inf
+
+
+def test_multiple_comparison_adjustment_hand_values():
+    p = [0.01, 0.04, 0.03, math.nan]
+    assert S.adjust(p, "holm")[:3] == pytest.approx([0.03, 0.06, 0.06])  # 3·0.01, max(2·0.03, 0.04)
+    assert S.adjust(p, "bh")[:3] == pytest.approx([0.03, 0.04, 0.04])  # 0.01·3/1, min(0.03·3/2, 0.04·3/3)
+    assert math.isnan(S.adjust(p)[3])
+    assert list(sps.false_discovery_control([0.01, 0.04, 0.03])) == pytest.approx(S.adjust(p[:3], "bh"))
+
+
+def test_rliable_aggregates_and_probability_of_improvement():
+    x = np.array([[0.1], [0.5], [0.4], [0.45], [0.42], [0.9], [0.44], [0.41]])
+    agg = S.aggregates({"x": x}, reps=500)["x"]
+    assert agg["mean"][0] == pytest.approx(x.mean())
+    assert agg["iqm"][0] == pytest.approx(sps.trim_mean(x[:, 0], 0.25))  # the 25 % trimmed mean
+    for point, lo, hi in agg.values():
+        assert lo <= point <= hi
+    a, b = np.array([[1.0], [2.0], [3.0]]), np.array([[0.0], [2.0], [5.0]])
+    # pairs a > b: (1,0) (2,0) (3,0) (3,2) = 4, one tie (2,2) counts 1/2: 4.5 / 9
+    p, lo, hi = S.probability_of_improvement(a, b, reps=500)
+    u = sps.mannwhitneyu(a[:, 0], b[:, 0]).statistic / 9
+    assert p == pytest.approx(0.5) and p == pytest.approx(u) and lo <= p <= hi
+
+
+def test_compute_curve_fit_recovers_known_parameters_and_flags_unbent_curves():
+    rng = np.random.default_rng(0)
+    C = np.linspace(0, 4e6, 11)
+    true = dict(A=0.7, B=2.0, C_mid=1e6, R0=0.3)
+    curves = [(C, S.sigmoid(C, **true) + rng.normal(0, 0.005, C.size)) for _ in range(3)]
+    fit = S.fit_compute_curve(curves, R0=0.3, reps=50)
+    assert fit.determined, fit.reason
+    assert fit.A == pytest.approx(0.7, abs=0.02) and fit.B == pytest.approx(2.0, rel=0.2)
+    assert fit.C_mid == pytest.approx(1e6, rel=0.1)
+    assert fit.ci["A"][0] <= fit.A <= fit.ci["A"][1]
+    early = [(C, S.sigmoid(C, A=0.9, B=1.0, C_mid=1e9, R0=0.3) + rng.normal(0, 0.002, C.size)) for _ in range(3)]
+    flat = S.fit_compute_curve(early, R0=0.3, reps=20)  # still in its linear start: the asymptote is not determined
+    assert not flat.determined and "not bent" in flat.reason
+
+
+# ---- simulation: coverage and false rejection ---------------------------------------------------------------------
+def _simulate(rng, n: int, M: int, effect: float, *, shared: bool):
+    """Two variants x n seeds x M problems with a probit skill model: problem difficulty b_j ~ N(0, 1); a seed's skill
+    θ = μ_v + u_s + ε_vs (u_s shared by both variants of a seed when ``shared``: the same warm start), and the run's
+    outcome on problem j is 1[θ − b_j + e > 0] with e partly shared between the variants of a seed (ρ = 0.5). The
+    true difference of expected accuracy over seeds and problems is Φ(μ_A / σ) − Φ(0), σ² the total variance."""
+    s_u, s_t, s_e, rho = 0.1, 0.1, 1.0, 0.5
+    b = rng.normal(0, 1.0, M)
+    u = rng.normal(0, s_u, n)
+    z = rng.normal(0, 1, (n, M))
+    out = []
+    for mu in (effect, 0.0):
+        seed_part = u if shared else rng.normal(0, s_u, n)
+        theta = mu + seed_part + rng.normal(0, s_t, n)
+        shared_e = np.sqrt(rho) * z if shared else np.sqrt(rho) * rng.normal(0, 1, (n, M))
+        e = s_e * (shared_e + np.sqrt(1 - rho) * rng.normal(0, 1, (n, M)))
+        out.append((theta[:, None] - b[None] + e > 0).astype(float))
+    total = math.sqrt(1.0 + s_u**2 + s_t**2 + s_e**2)
+    return out[0], out[1], sps.norm.cdf(effect / total) - 0.5
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_intervals_cover_the_true_effect_and_tests_hold_their_level(n):
+    """1000 synthetic sweeps each: the 95 % paired interval (seeds matched) and the unpaired one (independent seeds)
+    cover the true effect 93-97 % of the time, and at no effect each test rejects 3-7 % of the time."""
+    rng = np.random.default_rng(2026 + n)
+    reps, M = 1000, 1000
+    cover = {True: 0, False: 0}
+    reject = {True: 0, False: 0}
+    for _ in range(reps):
+        for paired in (True, False):
+            a, b, true = _simulate(rng, n, M, 0.25, shared=paired)
+            d = S.difference(a, b, paired=paired)
+            cover[paired] += d.lo <= true <= d.hi
+            a0, b0, _ = _simulate(rng, n, M, 0.0, shared=paired)
+            reject[paired] += S.difference(a0, b0, paired=paired).p < 0.05
+    for paired in (True, False):
+        kind = "paired" if paired else "unpaired"
+        assert 0.93 <= cover[paired] / reps <= 0.97, f"{kind} coverage {cover[paired] / reps:.3f} at {n} seeds"
+        assert 0.03 <= reject[paired] / reps <= 0.07, f"{kind} false rejections {reject[paired] / reps:.3f}"
+
+
+def test_percentile_hierarchical_bootstrap_undercovers_at_three_seeds():
+    """Why the report's default interval is t-based: the percentile bootstrap over 3 seeds covers far below 95 %."""
+    rng = np.random.default_rng(7)
+    reps = 300
+    covered = 0
+    for i in range(reps):
+        a, b, true = _simulate(rng, 3, 1000, 0.25, shared=True)
+        d = S.difference(a, b, paired=True, interval="bootstrap", reps=600, seed=i)
+        covered += d.lo <= true <= d.hi
+    assert covered / reps < 0.9, f"percentile bootstrap coverage {covered / reps:.3f}"
