@@ -7,7 +7,7 @@
     python -m bench config algorithm=grpo task=countdown      # print the resolved config
     python -m bench train config_file=<config.yaml> [key=value ...]   # a saved config (a run's or a sweep cell's)
     python -m bench sweep <name> [--launcher ray] [sweep.workers=4] [key=value ...]   # conf/sweep/<name>.yaml
-    python -m bench report <name> [--x-axis tokens]  # results/<name>/: summary.md, summary.csv, curves PNG
+    python -m bench report <name> [--x-axis tokens] [--out DIR]  # results/<name>/: summary.md, CSVs, plots
 Add ``--include DIR`` (repeatable) to register algorithm or task files from another directory.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -104,7 +105,7 @@ def cmd_sweep(ns) -> None:
     )
     if out["failed"]:
         print(f"failed cells: {out['failed']} (logs under runs/sweeps/{name}/logs)")
-    path = report(name, rest, x_axis=ns.x_axis)
+    path = report(name, rest, x_axis=ns.x_axis, out=ns.out)
     print(f"report: {path}")
 
 
@@ -112,7 +113,7 @@ def cmd_report(ns) -> None:
     from bench.run.report import report
 
     name, rest = _sweep_name(ns)
-    print(f"report: {report(name, rest, x_axis=ns.x_axis)}")
+    print(f"report: {report(name, rest, x_axis=ns.x_axis, out=ns.out)}")
 
 
 COMMANDS = {
@@ -134,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--include", action="append", default=[], help="extra directory of algorithm/task files")
     parser.add_argument("--launcher", choices=["local", "ray"], help="sweep: override the sweep file's launcher")
     parser.add_argument("--x-axis", choices=["step", "samples", "tokens"], help="report: x-axis of the curves")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="sweep/report: write the report here (with overrides it otherwise goes beside results/<name>/)",
+    )
     parser.add_argument("overrides", nargs="*", help="key=value config overrides (sweep/report: the sweep name first)")
     ns = parser.parse_intermixed_args(argv)
     try:

@@ -77,6 +77,8 @@ def test_plan_crosses_axes_applies_excludes_and_config_keys(tmp_path):
     assert not {c.id for c in load_plan(str(p), ["optim.lr=3e-4"])[1]} & {c.id for c in cells}
     # Keys that do not change what a cell computes are not part of its identity.
     assert [c.id for c in load_plan(str(p), ["trainer.num_threads=3"])[1]] == [c.id for c in cells]
+    # Nor where the data lies on this machine: a report without BENCH_DATA finds the cells a sweep ran with it.
+    assert [c.id for c in load_plan(str(p), ["task.data_root=/elsewhere"])[1]] == [c.id for c in cells]
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "conf" / "sweep").glob("*.yaml")))
@@ -146,9 +148,13 @@ def test_sweep_runs_every_cell_once_nested_and_tagged(finished_sweep):
     }
     # One warm start per seed would be shared; this sweep trains from scratch, so none ran.
     assert not client.search_runs([exp.experiment_id], "tags.role = 'warm_start'")
-    # Rerunning a finished sweep starts nothing.
-    again = run_sweep(str(path))
+    # Rerunning a finished sweep starts nothing; the parent run records each invocation's overrides.
+    again = run_sweep(str(path), ["sweep.workers=1"])
     assert again["failed"] == [] and len(cell_runs(tmp, "small", all_views=True)) == 4
+    parent = client.get_run(parent.info.run_id)
+    assert parent.data.tags["sweep.overrides"] == '["sweep.workers=1"]'
+    invocations = client.list_artifacts(parent.info.run_id, "invocations")
+    assert len(invocations) == 2 and all(a.path.endswith(".json") for a in invocations)
 
 
 def test_report_numbers_match_mlflow(finished_sweep, tmp_path):
@@ -180,7 +186,9 @@ def test_report_numbers_match_mlflow(finished_sweep, tmp_path):
         half = 12.706204736 * statistics.stdev(vals) / math.sqrt(2)  # t_{0.975, 1 dof}
         assert float(row["final_ci95"]) == pytest.approx(half, abs=1e-9)
     text = summary.read_text()
-    assert "| grpo | 2/2 |" in text and "within noise" in text or "beyond noise" in text
+    assert "| grpo | 2/2 |" in text, text
+    assert "with 2 seeds and 8 evaluation problems" in text or "every seed of every variant gave the same" in text
+    assert "dr_grpo cannot be told apart from grpo" in text or "dr_grpo is" in text
     # The report is also logged to the sweep's parent run.
     exp = client.get_experiment_by_name("sweep-small")
     (parent,) = client.search_runs([exp.experiment_id], "tags.role = 'sweep'")

@@ -104,7 +104,7 @@ def test_sft_warm_start_is_trained_once_and_reused(small, store, capsys):
     args = ["algorithm=grpo", "task=countdown", "seed=11", "init=sft", *small]
     train(compose(args))
     first = capsys.readouterr().out
-    train(compose(args))
+    train(compose([*args, "task.data_root=/another/machine/data"]))  # where the data lies is not part of the key
     second = capsys.readouterr().out
     assert "training SFT warm start" in first and "reusing SFT warm start" in second, (first[-300:], second[-300:])
     cached = [p for p in (store["dir"] / "cache" / "sft").glob("countdown-tiny-s11-*") if p.is_dir()]

@@ -1,28 +1,70 @@
-"""A sweep's report, read back from MLflow: ``python -m bench report <sweep>`` writes ``results/<sweep>/``:
+"""A sweep's report, read back from MLflow: ``python -m bench report <sweep>`` writes ``results/<sweep>/``.
 
-- ``summary.md`` and ``summary.csv``: per task x variant (the sweep's axes other than task and seed), over seeds:
-  final and best held-out value (mean and 95% CI, Student t), area under the eval curve (mean value over training,
-  trapezoid), steps and tokens to reach a threshold, mean completion length, throughput and time per step; and a
-  plain statement of which differences are within noise (Welch's t-test on the final value, alpha = 0.05).
-- ``runs.csv``: the same statistics per run, with the MLflow run id they came from.
-- ``curves_{step,samples,tokens}.png``: learning curves, one panel per task, mean over seeds with a min..max band.
-All of it is also logged as artifacts of the sweep's parent MLflow run (``report/``).
+- ``summary.md`` (renders on GitHub; the copy logged to the sweep's parent run links its images through MLflow's
+  artifact endpoint so it renders in the MLflow UI too). At the top, per task, the power sentence: the smallest
+  difference the sweep can detect and the seeds a target effect would need. Then what ran (read from the cells'
+  resolved configs), and per task: the per-variant table (final, best, AUC, steps and tokens to threshold, cost;
+  mean and IQM with rliable's stratified-bootstrap CIs), the differences to the baseline (paired by seed where seeds
+  match, with the unpaired interval beside it, multiple-comparison adjusted), the probability of improvement of
+  every pair, the noise decomposition (evaluation vs training) and ScaleRL compute-curve fits.
+- ``summary.csv`` (per task x variant), ``comparisons.csv`` (per comparison), ``fits.csv``, ``runs.csv`` (per run,
+  with its MLflow run id).
+- ``curves_{step,samples,tokens}.png`` (mean over seeds, min..max band), ``aggregates.png`` (rliable interval
+  estimates), ``profile.png`` (performance profiles), ``improvement.png`` (probability of improvement),
+  ``compute_{tokens,samples}.png`` (the fitted sigmoids over the data).
+
+Paired statistics read the per-problem outcomes every evaluation logs (``eval/outcomes/step_<step>.jsonl``); a run
+without them (or a metric without a per-problem value) is analysed at the run level (one value per seed).
+Estimators: bench/run/stats.py.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import math
+import os
+import re
 import statistics
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
+
+import numpy as np
+from omegaconf import OmegaConf
 
 from bench import ROOT
-from bench.config import config_hash
-from bench.run.sweep import Cell, Sweep, load_plan
+from bench.config import ConfigError, config_hash
+from bench.registry import did_you_mean
+from bench.run import stats as S
+from bench.run.sweep import Cell, Sweep, SweepSpec, load_plan
 
 X_AXES = {"step": None, "samples": "eval/at_samples_seen", "tokens": "eval/at_tokens_generated"}
-ALPHA = 0.05
+KINDS = ("final", "auc")
+# Sweep keys that change how cells are run, not what they compute or what the report says.
+RUN_ONLY_KEYS = ("sweep.workers", "sweep.launcher", "sweep.max_retries", "sweep.ray_address", "sweep.resources")
+
+
+def per_problem(metric: str) -> Callable[[dict], float] | None:
+    """The per-problem value of a held-out metric in an outcomes row, or None when the metric has none."""
+    fixed = {
+        "eval/accuracy": lambda r: float(r["correct"]),
+        "eval/reward_mean": lambda r: float(r["score"]),
+        "eval/completion_len_mean": lambda r: float(r["length"]),
+        "eval/sampled_reward_mean": lambda r: float(r["score_mean"]),
+        "eval/sampled_len_mean": lambda r: float(r["length_mean"]),
+    }
+    if metric in fixed:
+        return fixed[metric]
+    if m := re.fullmatch(r"eval/mean_at_(\d+)", metric):
+        return lambda r: r["n_correct"] / r["n"]
+    if m := re.fullmatch(r"eval/pass_at_(\d+)", metric):
+        k = int(m.group(1))
+        return lambda r: float(S.pass_at_k(r["n"], r["n_correct"], k))
+    return None
 
 
 @dataclass
@@ -35,6 +77,11 @@ class RunStats:
     tokens_per_s: float
     s_per_step: float
     wall_clock_s: float
+    problems: dict[int, dict[str, float]] | None = None  # eval step -> uid -> per-problem value
+
+    @property
+    def seed(self) -> int:
+        return int(self.cell.cfg.seed)
 
     @property
     def final(self) -> float:
@@ -47,11 +94,18 @@ class RunStats:
     @property
     def auc(self) -> float:
         """Mean held-out value over training: trapezoid area under the curve / step range."""
-        steps = sorted(self.curve)
-        if len(steps) < 2:
-            return self.curve[steps[0]]
-        area = sum((b - a) * (self.curve[a] + self.curve[b]) / 2 for a, b in zip(steps, steps[1:], strict=False))
-        return area / (steps[-1] - steps[0])
+        return _trapezoid_mean(self.curve)
+
+    def value(self, kind: str) -> float:
+        return self.final if kind == "final" else self.auc
+
+    def problem_values(self, kind: str, uids: list[str]) -> np.ndarray:
+        """[M] per-problem values in ``uids`` order: at the last evaluation, or averaged over training like ``auc``."""
+        steps = sorted(self.problems)
+        if kind == "final":
+            return np.array([self.problems[steps[-1]][u] for u in uids])
+        per_step = {s: np.array([self.problems[s][u] for u in uids]) for s in steps}
+        return _trapezoid_mean(per_step)
 
     def to_threshold(self, threshold: float, axis: str) -> float | None:
         """The first evaluation at which the metric reaches ``threshold``, on the given x-axis; None if never."""
@@ -61,12 +115,31 @@ class RunStats:
         return None
 
 
+def _trapezoid_mean(curve: dict):
+    steps = sorted(curve)
+    if len(steps) < 2:
+        return curve[steps[0]]
+    area = sum((b - a) * (curve[a] + curve[b]) / 2 for a, b in zip(steps, steps[1:], strict=False))
+    return area / (steps[-1] - steps[0])
+
+
 @dataclass
 class Group:
     task: str
     variant: str
     runs: list[RunStats] = field(default_factory=list)
     planned: int = 0
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(r.seed for r in self.runs)
+
+    def by_seed(self, seeds: list[int]) -> list[RunStats]:
+        index = {r.seed: r for r in self.runs}
+        return [index[s] for s in seeds]
+
+    def values(self, kind: str) -> list[float]:
+        return [r.value(kind) for r in self.by_seed(self.seeds)]
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:
@@ -82,27 +155,35 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
     return m, float(stats.t.ppf(0.975, len(vals) - 1)) * statistics.stdev(vals) / math.sqrt(len(vals))
 
 
-def welch_p(a: list[float], b: list[float]) -> float:
-    """Two-sided Welch t-test p-value; 1.0 for two identical constant samples, nan when undefined (n < 2)."""
-    from scipy import stats
-
-    if len(a) < 2 or len(b) < 2:
-        return math.nan
-    if statistics.pvariance(a) == 0 and statistics.pvariance(b) == 0:
-        return 1.0 if statistics.fmean(a) == statistics.fmean(b) else 0.0
-    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
-
-
 def _history(client, run_id: str, key: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, key)}
 
 
+def _outcomes(client, run_id: str, steps: list[int], value: Callable[[dict], float] | None) -> dict | None:
+    """Per-problem values at every evaluation step of a run, from its outcome artifacts; None if any is missing."""
+    if value is None:
+        return None
+    names = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run_id, "eval/outcomes")}
+    if not all(f"step_{s:06d}.jsonl" in names for s in steps):
+        return None
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # one bar per run would flood the console
+        local = Path(client.download_artifacts(run_id, "eval/outcomes", tmp))
+        for s in steps:
+            with (local / f"step_{s:06d}.jsonl").open() as f:
+                out[s] = {row["uid"]: value(row) for row in map(json.loads, f)}
+    return out
+
+
 def collect(sweep: Sweep, metric: str) -> tuple[list[RunStats], list[Cell]]:
-    """The FINISHED run of every cell, with the histories the report needs; and the cells that have none."""
+    """The FINISHED run of every cell, with the histories and per-problem outcomes the report needs; and the cells
+    that have none."""
     finished = {}
     for r in sweep.runs(role="cell"):
         if r.info.status == "FINISHED":
             finished.setdefault(r.data.tags.get("sweep.cell"), r)
+    value = per_problem(metric)
     out, missing = [], []
     for cell in sweep.cells:
         run = finished.get(cell.id)
@@ -130,6 +211,7 @@ def collect(sweep: Sweep, metric: str) -> tuple[list[RunStats], list[Cell]]:
                 wall_clock_s=float(
                     run.data.tags.get("sweep.wall_clock_s") or ((run.info.end_time or 0) - run.info.start_time) / 1000
                 ),
+                problems=_outcomes(c, rid, sorted(curve), value),
             )
         )
     return out, missing
@@ -138,7 +220,7 @@ def collect(sweep: Sweep, metric: str) -> tuple[list[RunStats], list[Cell]]:
 def eval_settings(cell: Cell) -> str:
     """What decides a held-out number: the eval section and the task's evaluation split and size."""
     task = cell.cfg.task
-    keys = ("eval_split", "num_eval", "data_root", "source", "corpus")
+    keys = ("eval_split", "num_eval", "data_root", "source", "corpus", "test_share", "gen_seed")
     return config_hash({"eval": cell.cfg.eval} | {k: task.get(k) for k in keys}) + str(cell.cfg.rollout.max_new_tokens)
 
 
@@ -167,79 +249,203 @@ def group(runs: list[RunStats], cells: list[Cell], labels: dict[str, str]) -> li
     return list(groups.values())
 
 
-def _fmt(m: float, ci: float, digits: int = 3) -> str:
-    if math.isnan(m):
-        return "–"
-    return f"{m:.{digits}f}" + ("" if math.isnan(ci) else f" ± {ci:.{digits}f}")
+# ---- analysis per task ---------------------------------------------------------------------------------------------
+@dataclass
+class Comparison:
+    task: str
+    variant: str
+    baseline: str
+    kind: str  # final | auc
+    paired: S.Difference | None  # seeds matched (None: fewer than 2 shared seeds)
+    unpaired: S.Difference  # the same seeds, analysed as independent
+    p_adjusted: float = math.nan
+
+    @property
+    def main(self) -> S.Difference:
+        return self.paired if self.paired is not None and not math.isnan(self.paired.se) else self.unpaired
+
+    @property
+    def narrowing(self) -> float:
+        """How much pairing narrowed the interval: 1 − paired half-width / unpaired half-width."""
+        if self.paired is None or not self.unpaired.half_width > 0:
+            return math.nan
+        return 1.0 - self.paired.half_width / self.unpaired.half_width
 
 
-def _big(v: float) -> str:
-    return "–" if v is None or math.isnan(v) else f"{v:,.0f}"
+def shared_uids(groups: list[Group]) -> list[str] | None:
+    """The problems every run of these groups was evaluated on at every step (None: per-problem analysis is not
+    possible, e.g. runs without outcome artifacts or with different evaluation sets)."""
+    runs = [r for g in groups for r in g.runs]
+    if not runs or any(r.problems is None for r in runs):
+        return None
+    first = runs[0].problems[min(runs[0].problems)]
+    uids = list(first)
+    for r in runs:
+        for vals in r.problems.values():
+            if set(vals) != set(uids):
+                return None
+    return uids
 
 
-def statistics_rows(groups: list[Group], threshold: dict[str, float]) -> list[dict]:
-    rows = []
+def matrix(g: Group, seeds: list[int], kind: str, uids: list[str] | None) -> np.ndarray:
+    """[seeds, problems] per-problem values, or [seeds, 1] run-level values without per-problem outcomes."""
+    runs = g.by_seed(seeds)
+    if uids is None:
+        return np.array([[r.value(kind)] for r in runs])
+    return np.stack([r.problem_values(kind, uids) for r in runs])
+
+
+def compare(groups: list[Group], baseline: Group, uids, spec: SweepSpec) -> list[Comparison]:
+    rep = spec.report
+    out = []
     for g in groups:
-        rs = g.runs
-        row = {"task": g.task, "variant": g.variant, "seeds": len(rs), "planned": g.planned}
-        for name, vals in (
-            ("final", [r.final for r in rs]),
-            ("best", [r.best for r in rs]),
-            ("auc", [r.auc for r in rs]),
-            ("completion_len", [r.completion_len for r in rs]),
-            ("tokens_per_s", [r.tokens_per_s for r in rs]),
-            ("s_per_step", [r.s_per_step for r in rs]),
-        ):
-            row[f"{name}_mean"], row[f"{name}_ci95"] = mean_ci(vals)
-        for axis in ("step", "tokens"):
-            reached = [h for h in (r.to_threshold(threshold[g.task], axis) for r in rs) if h is not None]
-            row[f"{axis}_to_threshold_mean"] = statistics.fmean(reached) if reached else math.nan
-        row["reached"] = sum(r.to_threshold(threshold[g.task], "step") is not None for r in rs)
-        row["threshold"] = threshold[g.task]
-        rows.append(row)
-    return rows
+        if g is baseline or not g.runs:
+            continue
+        seeds = sorted(set(g.seeds) & set(baseline.seeds))
+        for kind in KINDS:
+            if len(seeds) >= 2:
+                a, b = matrix(g, seeds, kind, uids), matrix(baseline, seeds, kind, uids)
+                kw = dict(alpha=rep.alpha, interval=rep.interval, reps=rep.bootstrap_reps)
+                paired, unpaired = S.difference(a, b, paired=True, **kw), S.difference(a, b, paired=False, **kw)
+            else:  # no shared seeds: all of each side, unpaired
+                a, b = matrix(g, g.seeds, kind, uids), matrix(baseline, baseline.seeds, kind, uids)
+                paired, unpaired = None, S.difference(a, b, paired=False, alpha=rep.alpha, interval=rep.interval)
+            out.append(Comparison(g.task, g.variant, baseline.variant, kind, paired, unpaired))
+    for kind in KINDS:  # one family per task and kind: the comparisons with the baseline
+        family = [c for c in out if c.kind == kind]
+        for c, p in zip(family, S.adjust([c.main.p for c in family], rep.correction), strict=True):
+            c.p_adjusted = p
+    return out
 
 
-def noise_statement(task: str, groups: list[Group]) -> str:
-    """Which differences in the final value are within noise, against the best variant of the task."""
-    gs = sorted(
-        (g for g in groups if g.task == task and g.runs), key=lambda g: -statistics.fmean(r.final for r in g.runs)
+@dataclass
+class Power:
+    task: str
+    kind: str
+    seeds: int
+    problems: int
+    sd: float
+    paired: bool
+    mde: float
+    mde_unpaired: float
+    needed: float
+    target: float
+
+
+def power(task: str, comparisons: list[Comparison], groups: list[Group], uids, spec: SweepSpec) -> list[Power]:
+    """The minimum detectable effect from the observed variances: the comparisons' standard errors turned back into
+    per-seed SDs (paired: se·√n, unpaired: se·√(n/2)) and pooled (root mean square) over the comparisons; with a
+    single variant, the SD of its own seeds. And the seeds a ``report.target_effect`` would need."""
+    rep = spec.report
+    live = [g for g in groups if g.runs]
+    n = min(len(g.runs) for g in live)
+    M = len(uids) if uids else 0
+    out = []
+    for kind in KINDS:
+        cs = [c for c in comparisons if c.kind == kind]
+        paired_sd = [c.paired.se * math.sqrt(c.paired.seeds[0]) for c in cs if c.paired and not math.isnan(c.paired.se)]
+        unpaired_sd = [
+            c.unpaired.se * math.sqrt(min(c.unpaired.seeds) / 2) for c in cs if not math.isnan(c.unpaired.se)
+        ]
+        if not cs and n >= 2:
+            unpaired_sd = [statistics.stdev(live[0].values(kind))]
+        rms = lambda xs: math.sqrt(statistics.fmean(x * x for x in xs)) if xs else math.nan  # noqa: E731
+        sd_p, sd_u = rms(paired_sd), rms(unpaired_sd)
+        use_paired = bool(paired_sd)
+        sd = sd_p if use_paired else sd_u
+        kw = dict(alpha=rep.alpha, power=rep.power)
+        out.append(
+            Power(
+                task, kind, n, M, sd, use_paired,
+                S.mde(sd, n, paired=use_paired, **kw), S.mde(sd_u, n, paired=False, **kw),
+                S.seeds_needed(rep.target_effect, sd, paired=use_paired, **kw), rep.target_effect,
+            )
+        )  # fmt: skip
+    return out
+
+
+def power_sentence(ps: list[Power], baseline: str, metric: str, spec: SweepSpec, gain: float) -> str:
+    """The sentence at the top of a task's report: the smallest detectable difference, the seeds a target effect
+    needs, and how the gain over the start compares with the detectable difference."""
+    final, auc = ps
+    if final.sd == 0:
+        return (
+            f"**{final.task}**: every seed of every variant gave the same final `{metric}`, so the variance that sets "
+            "the smallest detectable difference is zero and cannot be estimated from this sweep."
+        )
+    if math.isnan(final.mde):
+        return (
+            f"**{final.task}**: with {final.seeds} seed(s) this sweep cannot estimate the smallest difference it can "
+            "detect (a t-test needs at least 2 seeds per variant)."
+        )
+    how = f"paired by seed against {baseline}; {final.mde_unpaired:.3f} unpaired" if final.paired else "unpaired"
+    problems = f"{final.problems} evaluation problems" if final.problems else "run-level values"
+    need = lambda p: "more than 100,000" if p.needed == math.inf else f"{p.needed:.0f}"  # noqa: E731
+    ratio = f" The mean gain over the start (final − step 0) is {gain:+.3f}, {gain / final.mde:.1f}x the detectable " \
+        "difference." if math.isfinite(gain) else ""  # fmt: skip
+    return (
+        f"**{final.task}**: with {final.seeds} seeds and {problems}, differences smaller than **{final.mde:.3f}** in "
+        f"the final `{metric}` are not detectable ({how}; over training (AUC): {auc.mde:.3f}) (α = "
+        f"{spec.report.alpha:g}, power {spec.report.power:g}). Detecting a difference of {final.target:g} would take "
+        f"{need(final)} seeds per variant (final) or {need(auc)} (AUC).{ratio}"
     )
-    if len(gs) < 2:
-        return ""
-    best = gs[0]
-    b = [r.final for r in best.runs]
-    within, below, unknown = [], [], []
-    for g in gs[1:]:
-        p = welch_p(b, [r.final for r in g.runs])
-        if math.isnan(p):
-            unknown.append(g.variant)
-        elif p >= ALPHA:
-            within.append(f"{g.variant} (p = {p:.2f})")
-        else:
-            below.append(f"{g.variant} (p = {p:.3f})")
-    text = f"**{task}**: highest mean final value: {best.variant} ({statistics.fmean(b):.3f}, {len(b)} seeds). "
-    if within:
-        text += f"Its difference to {', '.join(within)} is **within noise** (Welch t-test, p ≥ {ALPHA}). "
-    if below:
-        text += f"Lower beyond noise (p < {ALPHA}): {', '.join(below)}. "
-    if unknown:
-        text += f"Not testable (fewer than 2 seeds): {', '.join(unknown)}. "
-    if within and not below:
-        text += "No variant is distinguishable from the best at this number of seeds."
-    return text
 
 
-def plot(groups: list[Group], axis: str, metric: str, path: Path) -> None:
+@dataclass
+class NoiseRow:
+    task: str
+    variant: str
+    kind: str
+    noise: S.Noise
+
+
+def noise_rows(groups: list[Group], uids, reps: int) -> list[NoiseRow]:
+    out = []
+    for g in groups:
+        if len(g.runs) >= 2 and uids:
+            for kind in KINDS:
+                out.append(NoiseRow(g.task, g.variant, kind, S.noise(matrix(g, g.seeds, kind, uids), reps=reps)))
+    return out
+
+
+def fits(groups: list[Group], axis: str, R0: float, reps: int) -> dict[str, S.CurveFit | None]:
+    """The ScaleRL sigmoid per variant; none for a metric outside [0, 1] (the fit's bounds assume a pass rate)."""
+    out = {}
+    if any(not 0 <= v <= 1 for g in groups for r in g.runs for v in r.curve.values()):
+        return {g.variant: None for g in groups}
+    for g in groups:
+        curves = [
+            (
+                np.array([r.x[axis].get(s, math.nan) for s in sorted(r.curve)]),
+                np.array([r.curve[s] for s in sorted(r.curve)]),
+            )
+            for r in g.runs
+        ]
+        curves = [(c[np.isfinite(c)], v[np.isfinite(c)]) for c, v in curves]
+        out[g.variant] = S.fit_compute_curve(curves, R0, reps=reps) if curves else None
+    return out
+
+
+# ---- plots ---------------------------------------------------------------------------------------------------------
+def _plt():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _style(i: int):
+    plt = _plt()
+    colours = plt.get_cmap("tab20").colors
+    return colours[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20], ["-", "--", ":", "-."][(i // 10) % 4]
+
+
+def plot(groups: list[Group], axis: str, metric: str, path: Path) -> None:
+    plt = _plt()
     tasks = sorted({g.task for g in groups if g.runs})
     fig, axes = plt.subplots(1, len(tasks), figsize=(7 * len(tasks), 5), squeeze=False)
-    colours = plt.get_cmap("tab20").colors
-    styles = ["-", "--", ":", "-."]
     for ax, task in zip(axes[0], tasks, strict=True):
         for i, g in enumerate(sorted((g for g in groups if g.task == task and g.runs), key=lambda g: g.variant)):
             steps = sorted(set.intersection(*(set(r.curve) for r in g.runs)))
@@ -249,15 +455,10 @@ def plot(groups: list[Group], axis: str, metric: str, path: Path) -> None:
             else:
                 xs = [statistics.fmean(r.x[axis].get(s, math.nan) for r in g.runs) for s in steps]
             mean = [statistics.fmean(col) for col in zip(*ys, strict=True)]
-            colour = colours[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20]
-            ax.plot(xs, mean, styles[(i // 10) % 4], color=colour, label=f"{g.variant} (n={len(g.runs)})")
-            ax.fill_between(
-                xs,
-                [min(c) for c in zip(*ys, strict=True)],
-                [max(c) for c in zip(*ys, strict=True)],
-                color=colour,
-                alpha=0.12,
-            )
+            colour, style = _style(i)
+            ax.plot(xs, mean, style, color=colour, label=f"{g.variant} (n={len(g.runs)})")
+            lo, hi = [min(c) for c in zip(*ys, strict=True)], [max(c) for c in zip(*ys, strict=True)]
+            ax.fill_between(xs, lo, hi, color=colour, alpha=0.12)
         ax.set_title(task)
         ax.set_xlabel({"step": "rollout step", "samples": "samples generated", "tokens": "tokens generated"}[axis])
         ax.set_ylabel(f"held-out {metric} (mean over seeds; band min..max)")
@@ -268,12 +469,136 @@ def plot(groups: list[Group], axis: str, metric: str, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_fits(groups: list[Group], fitted: dict[str, dict], axis: str, metric: str, path: Path) -> None:
+    plt = _plt()
+    tasks = sorted({g.task for g in groups if g.runs})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(7 * len(tasks), 5), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for i, g in enumerate(sorted((g for g in groups if g.task == task and g.runs), key=lambda g: g.variant)):
+            colour, style = _style(i)
+            for r in g.runs:
+                steps = sorted(r.curve)
+                ax.scatter([r.x[axis].get(s) for s in steps], [r.curve[s] for s in steps], s=8, color=colour, alpha=0.4)
+            f = fitted[task].get(g.variant)
+            label = g.variant
+            if f is not None and math.isfinite(f.A):
+                cmax = max(max(r.x[axis].values()) for r in g.runs)
+                cs = np.linspace(cmax / 200, cmax * 1.5, 200)
+                ax.plot(cs, S.sigmoid(cs, f.A, f.B, f.C_mid, f.R0), style, color=colour)
+                label += f" (A={f.A:.2f}, B={f.B:.2f}{'' if f.determined else ', not determined'})"
+            ax.plot([], [], style, color=colour, label=label)
+        ax.set_title(f"{task}: R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B)")
+        ax.set_xlabel({"samples": "samples generated", "tokens": "tokens generated"}[axis])
+        ax.set_ylabel(f"held-out {metric} (each dot one seed's evaluation)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_rliable(scores: dict[str, dict[str, np.ndarray]], agg: dict, pairs: dict, metric: str, out: Path) -> list[str]:
+    """rliable's interval-estimate, performance-profile and probability-of-improvement plots (over all tasks)."""
+    from rliable import library as rly
+    from rliable import plot_utils
+
+    plt = _plt()
+    written = []
+    algos = sorted(agg)
+    if not algos:
+        return written
+    # metrics in the order mean final, mean AUC, IQM final, IQM AUC; agg[a][kind] = [(mean, lo, hi), (iqm, lo, hi)]
+    order = [(j, k) for j in (0, 1) for k in KINDS]
+    point = {a: np.array([agg[a][k][j][0] for j, k in order]) for a in algos}
+    ci = {a: np.array([[agg[a][k][j][1] for j, k in order], [agg[a][k][j][2] for j, k in order]]) for a in algos}
+    names = [f"{stat} {k}" for stat in ("mean", "IQM") for k in ("final", "AUC")]
+    fig, _ = plot_utils.plot_interval_estimates(point, ci, metric_names=names, algorithms=algos, xlabel=metric)
+    fig.savefig(out / "aggregates.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    written.append("aggregates.png")
+    final = {a: scores["final"][a] for a in algos}
+    lo = min(float(v.min()) for v in final.values())
+    hi = max(float(v.max()) for v in final.values())
+    taus = np.linspace(lo - 0.01, hi + 0.01, 81)
+    np.random.seed(0)
+    prof, prof_ci = rly.create_performance_profile(final, taus, reps=500)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {a: _style(i)[0] for i, a in enumerate(algos)}
+    labels = dict(xlabel=f"final {metric} (τ)", ylabel="fraction of runs with score > τ")
+    plot_utils.plot_performance_profiles(prof, taus, performance_profile_cis=prof_ci, ax=ax, colors=colours, **labels)
+    ax.legend([plt.Line2D([0], [0], color=_style(i)[0]) for i in range(len(algos))], algos, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "profile.png", dpi=110)
+    plt.close(fig)
+    written.append("profile.png")
+    if pairs:
+        est = {k: v[0] for k, v in pairs.items()}
+        ints = {k: np.array([[v[1]], [v[2]]]) for k, v in pairs.items()}
+        ax = plot_utils.plot_probability_of_improvement(est, ints, figsize=(5, 0.5 + 0.45 * len(pairs)))
+        ax.figure.savefig(out / "improvement.png", dpi=110, bbox_inches="tight")
+        plt.close(ax.figure)
+        written.append("improvement.png")
+    return written
+
+
+# ---- text -----------------------------------------------------------------------------------------------------------
+def _fmt(m: float, ci: float, digits: int = 3) -> str:
+    if m is None or math.isnan(m):
+        return "–"
+    return f"{m:.{digits}f}" + ("" if ci is None or math.isnan(ci) else f" ± {ci:.{digits}f}")
+
+
+def _big(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v:,.0f}"
+
+
+def _ci(d: S.Difference | None, digits: int = 3) -> str:
+    if d is None or math.isnan(d.lo):
+        return "–"
+    return f"{d.estimate:+.{digits}f} [{d.lo:+.{digits}f}, {d.hi:+.{digits}f}]"
+
+
+def _p(p: float) -> str:
+    return "–" if math.isnan(p) else ("< 0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def what_ran(cells: list[Cell], uids: list[str] | None) -> str:
+    """The settings a task's cells actually used, read from their resolved configs (a key that differs between
+    cells shows every value)."""
+
+    def v(path: str) -> str:
+        vals = sorted({str(OmegaConf.select(c.cfg, path)) for c in cells})
+        return " | ".join(vals)
+
+    c0 = cells[0].cfg
+    seeds = sorted({int(c.cfg.seed) for c in cells})
+    init = v("init")
+    if init == "sft":
+        init = f"sft (a per-seed SFT warm start of {v('warm_start.max_steps')} steps)"
+    sampled = ""
+    if any(c.cfg.eval.samples_per_problem for c in cells):
+        sampled = (
+            f", plus {v('eval.samples_per_problem')} samples per problem at temperature {v('eval.temperature')} "
+            f"(top-p {v('eval.top_p')})"
+        )
+    problems = len(uids) if uids else v("task.num_eval")
+    return (
+        f"model `{v('model.name')}` ({v('model.name_or_path')}), init {init}; {v('trainer.max_steps')} rollout steps "
+        f"of {v('rollout.prompts_per_step')} prompts x {v('rollout.group_size')} completions, at most "
+        f"{v('rollout.max_new_tokens')} new tokens at temperature {v('rollout.temperature')}, lr {v('optim.lr')}; "
+        f"held-out: greedy pass@1 on {problems} problems of the `{c0.task.eval_split}` split every "
+        f"{v('trainer.eval_every')} steps{sampled}; seeds {', '.join(map(str, seeds))}."
+    )
+
+
 COLUMNS = [
     ("variant", "variant", lambda r: r["variant"]),
     ("seeds", "seeds", lambda r: f"{r['seeds']}/{r['planned']}"),
     ("final", "final (95% CI)", lambda r: _fmt(r["final_mean"], r["final_ci95"])),
+    ("iqm", "final IQM [95% CI]", lambda r: _agg(r, "final_iqm")),
     ("best", "best", lambda r: _fmt(r["best_mean"], r["best_ci95"])),
     ("auc", "AUC (mean over training)", lambda r: _fmt(r["auc_mean"], r["auc_ci95"])),
+    ("gain", "gain over start", lambda r: _fmt(r["gain_mean"], r["gain_ci95"])),
     ("steps", "steps to thr.", lambda r: f"{_big(r['step_to_threshold_mean'])} ({r['reached']}/{r['seeds']})"),
     ("tokens", "tokens to thr.", lambda r: _big(r["tokens_to_threshold_mean"])),
     ("len", "completion len", lambda r: _fmt(r["completion_len_mean"], math.nan, 1)),
@@ -282,30 +607,200 @@ COLUMNS = [
 ]
 
 
+def _agg(r: dict, key: str) -> str:
+    if math.isnan(r.get(key, math.nan)):
+        return "–"
+    return f"{r[key]:.3f} [{r[key + '_lo']:.3f}, {r[key + '_hi']:.3f}]"
+
+
+def statistics_rows(groups: list[Group], threshold: dict[str, float], agg: dict) -> list[dict]:
+    rows = []
+    for g in groups:
+        rs = g.runs
+        row = {"task": g.task, "variant": g.variant, "seeds": len(rs), "planned": g.planned}
+        for name, vals in (
+            ("final", [r.final for r in rs]),
+            ("best", [r.best for r in rs]),
+            ("auc", [r.auc for r in rs]),
+            ("gain", [r.final - r.curve[min(r.curve)] for r in rs]),
+            ("completion_len", [r.completion_len for r in rs]),
+            ("tokens_per_s", [r.tokens_per_s for r in rs]),
+            ("s_per_step", [r.s_per_step for r in rs]),
+        ):
+            row[f"{name}_mean"], row[f"{name}_ci95"] = mean_ci(vals)
+        for kind in KINDS:
+            for stat in ("mean", "iqm"):
+                point, lo, hi = agg.get((g.task, g.variant), {}).get(kind, {}).get(stat, (math.nan,) * 3)
+                row[f"{kind}_{stat}"], row[f"{kind}_{stat}_lo"], row[f"{kind}_{stat}_hi"] = point, lo, hi
+        for axis in ("step", "tokens"):
+            reached = [h for h in (r.to_threshold(threshold[g.task], axis) for r in rs) if h is not None]
+            row[f"{axis}_to_threshold_mean"] = statistics.fmean(reached) if reached else math.nan
+        row["reached"] = sum(r.to_threshold(threshold[g.task], "step") is not None for r in rs)
+        row["threshold"] = threshold[g.task]
+        rows.append(row)
+    return rows
+
+
+def difference_sentences(cs: list[Comparison], spec: SweepSpec, metric: str) -> list[str]:
+    """Plain sentences: which variants differ from the baseline beyond noise, and which cannot be told apart."""
+    out = []
+    method = {"holm": "Holm", "bh": "Benjamini-Hochberg"}[spec.report.correction]
+    for kind in KINDS:
+        family = [c for c in cs if c.kind == kind]
+        if not family:
+            continue
+        what = "final value" if kind == "final" else "mean over training (AUC)"
+        beyond = [c for c in family if c.p_adjusted < spec.report.alpha]
+        within = [c for c in family if not c.p_adjusted < spec.report.alpha and not math.isnan(c.main.se)]
+        untestable = [c for c in family if math.isnan(c.main.se)]
+        base = family[0].baseline
+        parts = []
+        for c in beyond:
+            d = c.main
+            word = "higher" if d.estimate > 0 else "lower"
+            parts.append(
+                f"{c.variant} is {word} than {base} by {abs(d.estimate):.3f} ({_ci(d)}, adjusted p {_p(c.p_adjusted)})"
+            )
+        text = f"{what[0].upper()}{what[1:]}: " + ("; ".join(parts) + ". " if parts else "")
+        if within:
+            text += (
+                f"{', '.join(c.variant for c in within)} cannot be told apart from {base} "
+                f"({'each interval holds 0' if len(within) > 1 else 'the interval holds 0'}; {method}-adjusted p ≥ "
+                f"{spec.report.alpha:g}). "
+            )
+        if untestable:
+            text += f"Not testable (fewer than 2 seeds): {', '.join(c.variant for c in untestable)}."
+        out.append(text.strip())
+    return out
+
+
+def _out_dir(spec: SweepSpec, overrides: list[str], out: Path | None) -> tuple[Path, str | None]:
+    """results/<name>/ unless the overrides change what ran or what the report says: then beside it, under a name
+    that shows them (--out always wins). Returns (directory, the note to print when it moved)."""
+    base = Path(spec.report.out) if spec.report.out else ROOT / "results" / spec.name
+    if out is not None:
+        return Path(out), None
+    changing = [o for o in overrides if not o.startswith(RUN_ONLY_KEYS)]
+    if not changing:
+        return base, None
+    slug = re.sub(r"[^A-Za-z0-9_.=,-]+", "_", ",".join(changing))
+    if len(slug) > 60:
+        slug = slug[:48] + "-" + hashlib.sha1(slug.encode()).hexdigest()[:8]
+    moved = base.with_name(f"{base.name}+{slug}")
+    return moved, (
+        f"the sweep's committed report {base} is left as it is: these overrides change what ran or what the report "
+        f"says ({' '.join(changing)}), so this report goes to {moved} (pass --out to choose)"
+    )
+
+
 def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, out: Path | None = None) -> Path:
     spec, cells = load_plan(name, overrides)
     sweep = Sweep(spec, cells)
-    metric, axis = spec.report.metric, x_axis or spec.report.x_axis
+    rep = spec.report
+    metric, axis = rep.metric, x_axis or rep.x_axis
     if axis not in X_AXES:
-        raise ValueError(f"x-axis {axis!r}: choose one of {', '.join(X_AXES)}")
+        raise ConfigError(f"x-axis {axis!r}: choose one of {', '.join(X_AXES)}")
+    if rep.correction not in ("holm", "bh"):
+        raise ConfigError(f"report.correction {rep.correction!r}: choose holm or bh")
+    if rep.interval not in ("t", "bootstrap"):
+        raise ConfigError(f"report.interval {rep.interval!r}: choose t or bootstrap")
     runs, missing = collect(sweep, metric)
     if not runs:
         raise FileNotFoundError(
             f"sweep {spec.name}: no finished runs in MLflow experiment {sweep.experiment!r} at {sweep.uri}; "
             f"run it first: python -m bench sweep {name}"
         )
-    out = Path(out or spec.report.out or ROOT / "results" / spec.name)
+    out, moved = _out_dir(spec, list(overrides), out)
+    if moved:
+        print(f"[report] {moved}")
     out.mkdir(parents=True, exist_ok=True)
     labels = variants(cells)
     groups = group(runs, cells, labels)
     tasks = sorted({g.task for g in groups})
+    algo_order = [str(a) for a in spec.axes.get("algorithm", [])]
     threshold = {
-        t: spec.report.threshold
-        if spec.report.threshold is not None
+        t: rep.threshold
+        if rep.threshold is not None
         else round(statistics.fmean(r.curve[min(r.curve)] for r in runs if r.cell.cfg.task.name == t) + 0.05, 3)
         for t in tasks
     }
-    rows = statistics_rows(groups, threshold)
+    # rliable aggregates per task and over tasks
+    agg: dict = {}
+    scores = {k: {} for k in KINDS}
+    for t in tasks:
+        for g in (g for g in groups if g.task == t and g.runs):
+            res = {k: S.aggregates({"v": np.array(g.values(k))[:, None]}, reps=rep.bootstrap_reps)["v"] for k in KINDS}
+            agg[(t, g.variant)] = res
+    live = [g for g in groups if g.runs]
+    variants_all = sorted({g.variant for g in live})
+    across = {}
+    for v in variants_all:
+        gs = {g.task: g for g in live if g.variant == v}
+        if len(gs) == len(tasks):
+            n = min(len(g.runs) for g in gs.values())
+            for k in KINDS:
+                scores[k][v] = np.array([[gs[t].values(k)[i] for t in tasks] for i in range(n)])  # [runs, tasks]
+    if scores["final"]:
+        across = {k: S.aggregates(scores[k], reps=rep.bootstrap_reps) for k in KINDS}
+    agg_by_variant = {v: {k: (across[k][v]["mean"], across[k][v]["iqm"]) for k in KINDS} for v in scores["final"]}
+    agg_by_variant = {v: {k: [x[0], x[1]] for k, x in d.items()} for v, d in agg_by_variant.items()}
+    pairs = {}
+    names = [v for v in variants_all if v in scores["final"]]
+    for i, x in enumerate(names):
+        for y in names[i + 1 :]:
+            pairs[f"{x},{y}"] = S.probability_of_improvement(
+                scores["final"][x], scores["final"][y], reps=rep.bootstrap_reps
+            )
+    rows = statistics_rows(groups, threshold, agg)
+    # per task: comparisons, power, noise, fits
+    comparisons, powers, noises, fitted, uid_sets = [], {}, [], {"tokens": {}, "samples": {}}, {}
+    for t in tasks:
+        tg = [g for g in groups if g.task == t and g.runs]
+        uids = shared_uids(tg)
+        uid_sets[t] = uids
+        base_name = rep.baseline or (algo_order[0] if algo_order else tg[0].variant)
+        baseline = next((g for g in tg if g.variant == base_name), None)
+        if baseline is None:
+            avail = ", ".join(g.variant for g in tg)
+            raise ConfigError(
+                f"report.baseline {base_name!r} has no finished runs on {t}; variants: {avail}"
+                + did_you_mean(base_name, [g.variant for g in tg])
+                + " (set it with sweep.report.baseline=<variant> or in the sweep file)"
+            )
+        cs = compare(tg, baseline, uids, spec)
+        comparisons += cs
+        powers[t] = power(t, cs, tg, uids, spec)
+        noises += noise_rows(tg, uids, rep.bootstrap_reps)
+        steps0 = [r.curve[min(r.curve)] for g in tg for r in g.runs]
+        for ax_name in ("tokens", "samples"):
+            fitted[ax_name][t] = fits(tg, ax_name, statistics.fmean(steps0), rep.fit_reps)
+    _write_csvs(out, rows, runs, labels, threshold, comparisons, fitted)
+    for a in X_AXES:
+        plot(groups, a, metric, out / f"curves_{a}.png")
+    for ax_name in ("tokens", "samples"):
+        plot_fits(groups, fitted[ax_name], ax_name, metric, out / f"compute_{ax_name}.png")
+    images = plot_rliable(scores, agg_by_variant, pairs, metric, out) if scores["final"] else []
+    text = _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, powers, noises, fitted, pairs,
+                    across, missing, uid_sets, metric, axis, images, overrides)  # fmt: skip
+    (out / "summary.md").write_text(text)
+    parent = sweep.runs(role="sweep")
+    if parent:
+        pid = parent[0].info.run_id
+        files = ["summary.csv", "comparisons.csv", "fits.csv", "runs.csv", *(f"curves_{a}.png" for a in X_AXES)]
+        files += ["compute_tokens.png", "compute_samples.png", *images]
+        for f in files:
+            sweep.client.log_artifact(pid, str(out / f), "report")
+        # The MLflow copy links its images through the server's artifact endpoint, so its markdown viewer shows them.
+        linked = re.sub(
+            r"\]\(([\w.-]+\.png)\)",
+            lambda m: f"](get-artifact?path={quote('report/' + m.group(1))}&run_uuid={pid})",
+            text,
+        )
+        sweep.client.log_text(pid, linked, "report/summary.md")
+    return out / "summary.md"
+
+
+def _write_csvs(out, rows, runs, labels, threshold, comparisons, fitted) -> None:
     with (out / "summary.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -319,23 +814,63 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
             w.writerow([t, labels[r.cell.id], r.cell.cfg.seed, r.cell.id, r.run_id, r.final, r.best, r.auc,
                         r.to_threshold(threshold[t], "step"), r.to_threshold(threshold[t], "tokens"),
                         r.completion_len, r.tokens_per_s, r.s_per_step, r.wall_clock_s])  # fmt: skip
-    for a in X_AXES:
-        plot(groups, a, metric, out / f"curves_{a}.png")
+    with (out / "comparisons.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["task", "variant", "baseline", "kind", "estimate", "paired_lo", "paired_hi", "paired_se",
+                    "paired_p", "unpaired_lo", "unpaired_hi", "unpaired_se", "unpaired_p", "p_adjusted", "narrowing",
+                    "seeds", "problems", "method"])  # fmt: skip
+        for c in comparisons:
+            p, u = c.paired, c.unpaired
+            w.writerow([c.task, c.variant, c.baseline, c.kind, c.main.estimate,
+                        p.lo if p else "", p.hi if p else "", p.se if p else "", p.p if p else "",
+                        u.lo, u.hi, u.se, u.p, c.p_adjusted, c.narrowing, c.main.seeds[0], c.main.problems,
+                        c.main.method])  # fmt: skip
+    with (out / "fits.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["axis", "task", "variant", "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "C_mid", "C_mid_lo",
+                    "C_mid_hi", "R0", "determined", "reason", "points"])  # fmt: skip
+        for ax_name, per_task in fitted.items():
+            for t, per_variant in per_task.items():
+                for v, fit in per_variant.items():
+                    if fit is None:
+                        continue
+                    lo_hi = [x for k in ("A", "B", "C_mid") for x in fit.ci.get(k, (math.nan, math.nan))]
+                    w.writerow([ax_name, t, v, fit.A, *lo_hi[0:2], fit.B, *lo_hi[2:4], fit.C_mid, *lo_hi[4:6], fit.R0,
+                                fit.determined, fit.reason, fit.points])  # fmt: skip
+
+
+def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, powers, noises, fitted, pairs, across,
+             missing, uid_sets, metric, axis, images, overrides) -> str:  # fmt: skip
+    rep = spec.report
+    method = {"holm": "Holm", "bh": "Benjamini-Hochberg"}[rep.correction]
+    baseline_of = {c.task: c.baseline for c in comparisons}
+    lines = [f"# Sweep `{spec.name}`", ""]
+    for t in tasks:
+        starts = [(r.final - r.curve[min(r.curve)]) for r in runs if r.cell.cfg.task.name == t]
+        gain = statistics.fmean(starts) if starts else math.nan
+        lines += [power_sentence(powers[t], baseline_of.get(t, ""), metric, spec, gain), ""]
+    lines += ["## What ran", ""]
+    if spec.description.strip():
+        lines += [f"Purpose (sweep file): {spec.description.strip()}", ""]
+    for t in tasks:
+        tc = [c for c in cells if c.cfg.task.name == t]
+        lines += [f"- **{t}** (from the cells' resolved configs): {what_ran(tc, uid_sets[t])}"]
+    changing = [o for o in overrides if not o.startswith(RUN_ONLY_KEYS)]
+    if changing:
+        lines += [f"- Command-line overrides of the sweep file: `{' '.join(changing)}`."]
     wall = sum(r.wall_clock_s for r in runs)
-    parent = sweep.runs(role="sweep")
-    driver = float(parent[0].data.tags.get("sweep.wall_clock_s", "nan")) if parent else math.nan
-    lines = [
-        f"# Sweep `{spec.name}`",
+    lines += [
+        f"- {len(runs)} of {len(cells)} cells finished (MLflow experiment `sweep-{spec.name}`); sum of the cells' "
+        f"wall-clock {wall / 60:.1f} min (process start-up included).",
         "",
-        spec.description.strip(),
-        "",
-        f"Held-out metric: `{metric}` on each task's fixed evaluation set (greedy, the same settings for every cell). "
-        f"{len(runs)} of {len(cells)} cells finished; MLflow experiment `{sweep.experiment}`. "
-        f"Sweep wall-clock {driver / 60:.1f} min (sum over cells {wall / 60:.1f} min, process start-up included). "
-        "Mean ± 95% CI over seeds (Student t). "
-        f"AUC is the mean held-out value over training. Thresholds: "
-        + ", ".join(f"{t} {v:.3f}" for t, v in threshold.items())
-        + " (steps/tokens to threshold: mean over the seeds that reached it, reached/seeds).",
+        "**How to read this report.** Final and AUC (the mean held-out value over training, a trapezoid) are means "
+        "over seeds with 95% Student-t intervals; IQM is the interquartile mean with rliable's stratified-bootstrap "
+        "interval. Differences to the baseline pair each seed with the same seed of the baseline (the same SFT warm "
+        "start and prompt stream) and the problems with the same problems; the interval is Student t on a variance "
+        "with a seed part and a problem part (bench/run/stats.py; it covers 94-97% at 3-5 seeds in simulation, "
+        f"where the percentile bootstrap covers 87-93%). p-values are {method}-adjusted over the comparisons of a "
+        'task. "Cannot be told apart" means the interval holds 0: a difference may exist, smaller than the '
+        "detectable one stated at the top.",
         "",
     ]
     for t in tasks:
@@ -348,13 +883,95 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
         lines.append("|" + "|".join("---" if c[0] == "variant" else "---:" for c in COLUMNS) + "|")
         for row in sorted((r for r in rows if r["task"] == t), key=lambda r: -(r["final_mean"] or 0)):
             lines.append("| " + " | ".join(c[2](row) for c in COLUMNS) + " |")
-        lines += ["", noise_statement(t, groups), ""]
+        lines += [
+            "",
+            f"Threshold {threshold[t]:.3f} (steps/tokens to threshold: mean over the seeds that reached it).",
+            "",
+        ]
+        cs = [c for c in comparisons if c.task == t]
+        if cs:
+            base = cs[0].baseline
+            lines += [f"### Differences to {base}", ""]
+            lines += ["| variant | Δ final, paired [95% CI] | adj. p | unpaired [95% CI] | pairing narrowed | "
+                      "Δ AUC, paired [95% CI] | adj. p | unpaired [95% CI] | pairing narrowed |",
+                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+            for v in sorted({c.variant for c in cs}):
+                f_, a_ = (next(c for c in cs if c.variant == v and c.kind == k) for k in KINDS)
+                nar = lambda c: "–" if math.isnan(c.narrowing) else f"{100 * c.narrowing:.0f}%"  # noqa: E731
+                lines.append(f"| {v} | {_ci(f_.paired)} | {_p(f_.p_adjusted)} | {_ci(f_.unpaired)} | {nar(f_)} | "
+                             f"{_ci(a_.paired)} | {_p(a_.p_adjusted)} | {_ci(a_.unpaired)} | {nar(a_)} |")  # fmt: skip
+            lines += [""] + difference_sentences(cs, spec, metric) + [""]
+        ns = [n for n in noises if n.task == t]
+        if ns:
+            lines += ["### Noise: evaluation vs training", "",
+                      "Seed-to-seed SD of each variant's value, split into evaluation noise (bootstrap over the "
+                      "problems within each run) and training noise (the rest).", "",
+                      "| variant | value | seed-to-seed SD | evaluation SD | training SD | evaluation share |",
+                      "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+            for n in sorted(ns, key=lambda n: (n.variant, n.kind)):
+                x = n.noise
+                share = "–" if math.isnan(x.eval_share) else f"{100 * min(x.eval_share, 1):.0f}%"
+                lines.append(
+                    f"| {n.variant} | {n.kind} | {x.observed_sd:.4f} | {x.eval_sd:.4f} | {x.train_sd:.4f} | {share} |"
+                )
+            lines.append("")
+        lines += _fit_lines(t, fitted)
+    if len(tasks) > 1 and across:
+        lines += ["## Across tasks", "",
+                  "rliable aggregates over runs x tasks (stratified bootstrap: runs resampled within each task).", "",
+                  "| variant | mean final | IQM final | mean AUC | IQM AUC |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+        for v in sorted(across["final"]):
+            cells_ = ["{:.3f} [{:.3f}, {:.3f}]".format(*across[k][v][s]) for k in KINDS for s in ("mean", "iqm")]
+            lines.append(f"| {v} | {cells_[0]} | {cells_[1]} | {cells_[2]} | {cells_[3]} |")
+        lines.append("")
+    if pairs:
+        scope = "over all tasks" if len(tasks) > 1 else f"on {tasks[0]}"
+        lines += [f"## Probability of improvement ({scope}, final value)", "",
+                  "P(X > Y): the chance that a run of X beats a run of Y (Mann-Whitney U / (n_X n_Y), ties count one "
+                  "half), with rliable's stratified-bootstrap 95% CI; a claim needs the interval to exclude 0.5.", "",
+                  "| X | Y | P(X > Y) [95% CI] |", "|---|---|---:|"]  # fmt: skip
+        for k, (p, lo, hi) in pairs.items():
+            x, y = k.split(",")
+            lines.append(f"| {x} | {y} | {p:.2f} [{lo:.2f}, {hi:.2f}] |")
+        lines.append("")
     if missing:
-        lines += ["Cells without a finished run (not in the table): " + ", ".join(c.label for c in missing), ""]
-    lines += [f"![learning curves]({f'curves_{axis}.png'})", ""]
+        lines += ["Cells without a finished run (not in the tables): " + ", ".join(c.label for c in missing), ""]
+    lines += [f"![learning curves](curves_{axis}.png)", ""]
     lines += ["Other x-axes: " + ", ".join(f"[{a}](curves_{a}.png)" for a in X_AXES if a != axis), ""]
-    (out / "summary.md").write_text("\n".join(lines))
-    if parent:
-        for f in ("summary.md", "summary.csv", "runs.csv", *(f"curves_{a}.png" for a in X_AXES)):
-            sweep.client.log_artifact(parent[0].info.run_id, str(out / f), "report")
-    return out / "summary.md"
+    for img, title in (("aggregates.png", "rliable interval estimates"), ("profile.png", "performance profiles"),
+                       ("improvement.png", "probability of improvement")):  # fmt: skip
+        if img in images:
+            lines += [f"![{title}]({img})", ""]
+    lines += ["![compute-curve fits, tokens](compute_tokens.png)", "",
+              "Against samples: [compute_samples.png](compute_samples.png)", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _fit_lines(t: str, fitted: dict) -> list[str]:
+    lines = ["### Compute efficiency (ScaleRL sigmoid)", "",
+             "R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) fitted to every seed's evaluations against tokens generated "
+             "(R0 fixed to the mean start; the start itself left out), 95% CIs from refitting on resampled seeds. A is "
+             "the asymptote, B the efficiency exponent, C_mid the compute at half the gain.", "",
+             "| variant | A [95% CI] | B [95% CI] | C_mid tokens [95% CI] | C_mid samples | determined |",
+             "|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    tok, sam = fitted["tokens"].get(t, {}), fitted["samples"].get(t, {})
+    for v in sorted(tok):
+        f, s = tok[v], sam.get(v)
+        if f is None:
+            lines.append(f"| {v} | – | – | – | – | too few points |")
+            continue
+        ci = (
+            {
+                k: f" [{lo:.{d}f}, {hi:.{d}f}]"
+                for (k, d), (lo, hi) in ((("A", 3), f.ci.get("A", (0, 0))), (("B", 2), f.ci.get("B", (0, 0))))
+            }
+            if f.ci
+            else {}
+        )
+        cm = "" if "C_mid" not in f.ci else f" [{f.ci['C_mid'][0]:,.0f}, {f.ci['C_mid'][1]:,.0f}]"
+        sm = "–" if s is None or math.isnan(s.C_mid) else f"{s.C_mid:,.0f}"
+        det = "yes" if f.determined else f"**no**: {f.reason}"
+        lines.append(
+            f"| {v} | {f.A:.3f}{ci.get('A', '')} | {f.B:.2f}{ci.get('B', '')} | {f.C_mid:,.0f}{cm} | {sm} | {det} |"
+        )
+    return lines + [""]

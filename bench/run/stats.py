@@ -309,27 +309,42 @@ class CurveFit:
 
 
 def sigmoid(C: np.ndarray, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
+    """R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B), written R0 + (A − R0) · expit(B (ln C − ln C_mid)) (no overflow)."""
+    from scipy.special import expit
+
     C = np.asarray(C, np.float64)
-    with np.errstate(divide="ignore", over="ignore"):
-        return R0 + (A - R0) / (1.0 + (C_mid / np.maximum(C, 1e-300)) ** B)
+    return R0 + (A - R0) * expit(B * (np.log(np.maximum(C, 1e-300)) - math.log(C_mid)))
 
 
-def _fit_once(C: np.ndarray, R: np.ndarray, R0: float) -> tuple[float, float, float] | None:
+def _fit_once(C: np.ndarray, R: np.ndarray, R0: float, start: tuple | None = None) -> tuple[float, float, float] | None:
+    """Least squares in (A, B, L = ln C_mid) within the bounds 0 <= A <= 1, 0.01 <= B <= 10, C_mid within 10^±3 of
+    the compute observed, with the analytic Jacobian: from three starting midpoints (the fit is not convex), or from
+    ``start`` alone (a bootstrap refit started at the point estimate)."""
     from scipy.optimize import curve_fit
+    from scipy.special import expit
+
+    lnC = np.log(C)
+
+    def f(_, A, B, L):
+        return R0 + (A - R0) * expit(B * (lnC - L))
+
+    def jac(_, A, B, L):
+        g = expit(B * (lnC - L))
+        dg = g * (1.0 - g)
+        return np.stack([g, (A - R0) * dg * (lnC - L), -(A - R0) * dg * B], axis=1)
 
     cmax = float(C.max())
-    f = lambda c, A, B, log_mid: sigmoid(c, A, B, math.exp(log_mid), R0)  # noqa: E731
+    lo, hi = [0.0, 1e-2, math.log(cmax * 1e-3)], [1.0, 10.0, math.log(cmax * 1e3)]
+    if start is not None:
+        starts = [[start[0], start[1], math.log(start[2])]]
+    else:
+        a0 = min(max(float(R.max()), 1e-3), 1.0 - 1e-3)
+        starts = [[a0, 1.0, math.log(cmax * m)] for m in (0.25, 1.0, 4.0)]
     best = None
-    for log_mid0 in (math.log(cmax / 4), math.log(cmax), math.log(cmax * 4)):  # a few starts: the fit is not convex
+    for p0 in starts:
+        p0 = [min(max(x, l_ + 1e-9), h - 1e-9) for x, l_, h in zip(p0, lo, hi, strict=True)]
         try:
-            p, _ = curve_fit(
-                f,
-                C,
-                R,
-                p0=[min(max(float(R.max()), 1e-3), 1.0 - 1e-3), 1.0, log_mid0],
-                bounds=([0.0, 1e-2, math.log(cmax * 1e-3)], [1.0, 10.0, math.log(cmax * 1e3)]),
-                maxfev=5000,
-            )
+            p, _ = curve_fit(f, C, R, p0=p0, bounds=(lo, hi), jac=jac, maxfev=400 if start is not None else 2000)
         except (RuntimeError, ValueError):
             continue
         sse = float(((f(C, *p) - R) ** 2).sum())
@@ -337,17 +352,18 @@ def _fit_once(C: np.ndarray, R: np.ndarray, R0: float) -> tuple[float, float, fl
             best = (sse, p)
     if best is None:
         return None
-    A, B, log_mid = best[1]
-    return float(A), float(B), float(math.exp(log_mid))
+    A, B, L = best[1]
+    return float(A), float(B), float(math.exp(L))
 
 
 def fit_compute_curve(
-    curves: list[tuple[np.ndarray, np.ndarray]], R0: float, *, reps: int = 200, seed: int = 0
+    curves: list[tuple[np.ndarray, np.ndarray]], R0: float, *, reps: int = 100, seed: int = 0
 ) -> CurveFit | None:
     """Fit the ScaleRL sigmoid to every seed's (compute, value) points pooled, with R0 fixed to the measured start
     (the shared warm start's value) and points at C = 0 left out; CIs from refitting on seeds resampled with
     replacement. Not determined (flagged, with the reason) when the fit fails, the midpoint lies beyond the compute
-    observed (the curve has not bent yet), or the asymptote sits on a bound."""
+    observed (the curve has not bent yet), the asymptote sits on a bound, the gain's interval holds 0, or the
+    midpoint's interval spans more than a factor of 10."""
     C = np.concatenate([np.asarray(c, np.float64) for c, _ in curves])
     R = np.concatenate([np.asarray(r, np.float64) for _, r in curves])
     keep = C > 0
@@ -364,7 +380,7 @@ def fit_compute_curve(
         pick = [curves[i] for i in rng.integers(0, len(curves), len(curves))]
         c = np.concatenate([np.asarray(x, np.float64) for x, _ in pick])
         r = np.concatenate([np.asarray(y, np.float64) for _, y in pick])
-        got = _fit_once(c[c > 0], r[c > 0], R0) if (c > 0).sum() >= 4 else None
+        got = _fit_once(c[c > 0], r[c > 0], R0, start=fit) if (c > 0).sum() >= 4 else None
         if got is not None:
             draws.append(got)
     ci = {}
@@ -377,6 +393,8 @@ def fit_compute_curve(
         reasons.append("the midpoint lies beyond the compute observed (the curve has not bent yet)")
     if A >= 1.0 - 1e-3 or A <= 1e-3:
         reasons.append("the asymptote sits on its bound")
-    if abs(A - R0) < 1e-3:
-        reasons.append("no gain over the start")
+    if "A" in ci and ci["A"][0] <= R0 <= ci["A"][1]:
+        reasons.append("the gain A − R0 is not distinguishable from 0")
+    if "C_mid" in ci and ci["C_mid"][1] > 10 * ci["C_mid"][0]:
+        reasons.append("the midpoint is not pinned down (its interval spans more than a factor of 10)")
     return CurveFit(A, B, C_mid, R0, ci, not reasons, "; ".join(reasons) or "ok", len(C))

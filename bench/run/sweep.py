@@ -48,6 +48,7 @@ NOT_IN_IDENTITY = (
     "tracking",
     "output_dir",
     "cache_dir",
+    "task.data_root",  # where the data lies on this machine (BENCH_DATA), not what a cell computes
     "resume",
     "trainer.progress_bar",
     "trainer.num_threads",
@@ -89,6 +90,8 @@ class ReportSpec:
     bootstrap (for many seeds; undercovers at 3-5, bench/run/stats.py)."""
     bootstrap_reps: int = 2000
     """Bootstrap replicates (rliable aggregates, probability of improvement, noise decomposition)."""
+    fit_reps: int = 100
+    """Seed-bootstrap refits behind the compute-curve fits' CIs."""
 
 
 @dataclass
@@ -307,12 +310,16 @@ class Sweep:
         filt = " and ".join([f"tags.sweep = '{self.spec.name}'"] + [f"tags.`{k}` = '{v}'" for k, v in tags.items()])
         return self.client.search_runs([self.exp_id], filt, max_results=50000)
 
-    def parent_run(self) -> str:
+    def parent_run(self, overrides: list[str] = ()) -> str:
+        """The sweep's parent run (created once), with this invocation's command-line overrides recorded: the tag
+        ``sweep.overrides`` holds the latest invocation's, ``invocations/<time>.json`` every invocation's."""
         found = self.runs(role="sweep")
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         if found:
             rid = found[0].info.run_id
             self.client.update_run(rid, status="RUNNING")
-            self.client.set_tag(rid, "restarted", time.strftime("%Y-%m-%dT%H:%M:%S"))
+            self.client.set_tag(rid, "restarted", stamp)
+            self._record(rid, overrides, stamp)
             return rid
         run = self.client.create_run(
             self.exp_id, run_name=f"sweep-{self.spec.name}", tags={"sweep": self.spec.name, "role": "sweep"}
@@ -322,7 +329,14 @@ class Sweep:
         for k, v in self.spec.axes.items():
             self.client.log_param(rid, f"axis.{k}", json.dumps(v)[:6000])
         self.client.log_param(rid, "cells", len(self.cells))
+        self._record(rid, overrides, stamp)
         return rid
+
+    def _record(self, rid: str, overrides: list[str], stamp: str) -> None:
+        self.client.set_tag(rid, "sweep.overrides", json.dumps(list(overrides))[:5000])
+        record = {"time": stamp, "overrides": list(overrides), "argv": sys.argv, "cells": len(self.cells)}
+        name = f"{stamp.replace(':', '')}-{time.time_ns() % 10**9:09d}"
+        self.client.log_text(rid, json.dumps(record, indent=2), f"invocations/{name}.json")
 
     def cell_config(self, cell: Cell, parent: str, threads: int) -> Path:
         cfg = OmegaConf.create(OmegaConf.to_container(cell.cfg))
@@ -372,7 +386,7 @@ class Sweep:
                 self.client.set_terminated(r.info.run_id, "KILLED")
 
     # -- running
-    def run(self, launcher_name: str | None = None) -> dict[str, list[str]]:
+    def run(self, launcher_name: str | None = None, overrides: list[str] = ()) -> dict[str, list[str]]:
         lock = open(self.dir / "driver.lock", "w")  # noqa: SIM115 (held for the driver's lifetime)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -383,7 +397,7 @@ class Sweep:
         launcher = LAUNCHERS[launcher_name or self.spec.launcher](self.spec)
         workers = max(1, min(launcher.concurrency, len(self.cells)))
         threads = self.spec.resources.cpus_per_cell or max(1, (os.cpu_count() or 1) // min(workers, self.spec.workers))
-        parent = self.parent_run()
+        parent = self.parent_run(overrides)
         self.stale_warm_starts()
         paths = {c.id: self.cell_config(c, parent, threads) for c in self.cells}
         # One query for what is already done; each remaining cell is reconciled (resume / clean restart) when it runs.
@@ -557,6 +571,6 @@ def run_sweep(name: str, overrides: list[str] = (), launcher: str | None = None)
     spec, cells = load_plan(name, overrides)
     sweep = Sweep(spec, cells)
     t0 = time.time()
-    out = sweep.run(launcher)
+    out = sweep.run(launcher, list(overrides))
     out.update(experiment=sweep.experiment, cells=len(cells), wall_clock_s=time.time() - t0, uri=sweep.uri)
     return out

@@ -34,6 +34,7 @@ _NOT_IN_KEY = (
     "eval",
     "output_dir",
     "cache_dir",
+    "task.data_root",  # where the data lies on this machine (BENCH_DATA), not what is trained
     "resume",
     "trainer.eval_every",
     "trainer.checkpoint_every",

@@ -1,0 +1,218 @@
+"""The sweep report on a real MLflow store whose cell runs carry synthetic evaluations of known effect: the report's
+paired differences, power sentence, noise decomposition and compute fits are recomputed here from the runs read
+back through MlflowClient, a known large effect is found and a null one is not, and the report never overwrites a
+committed report when the sweep was run with overrides."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+from scipy import stats as sps
+
+from bench.run import stats as S
+from bench.run.report import _out_dir, report
+from bench.run.sweep import load_plan
+
+STEPS = list(range(0, 101, 10))
+M = 300
+EFFECT = {"grpo": 0.0, "dr_grpo": 0.0, "dapo": 0.6}  # probit skill gained by the end of training
+
+
+def _sweep_file(tmp, name="synthetic", seeds=5):
+    spec = {
+        "name": name,
+        "description": "synthetic runs of known effect",
+        "axes": {"algorithm": list(EFFECT), "seed": list(range(seeds))},
+        "overrides": [
+            f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}",
+            f"output_dir={tmp / 'runs'}",
+            f"task.num_eval={M}",
+            "trainer.eval_every=10",
+        ],  # fmt: skip
+        "report": {"out": str(tmp / "results" / name), "baseline": "grpo", "bootstrap_reps": 300, "fit_reps": 30},
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _log_runs(tmp, path) -> dict:
+    """One FINISHED MLflow run per planned cell: accuracy curves from a probit model (problem difficulty b_j, a
+    per-seed skill shared by the variants of a seed, a variant's gain rising as a sigmoid in tokens) and the
+    per-problem outcomes of every evaluation as artifacts, exactly as a training run logs them."""
+    spec, cells = load_plan(str(path))
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
+    exp = client.create_experiment(f"sweep-{spec.name}", artifact_location=(tmp / "mlartifacts").as_uri())
+    parent = client.create_run(exp, run_name=f"sweep-{spec.name}", tags={"sweep": spec.name, "role": "sweep"})
+    rng = np.random.default_rng(0)
+    b = rng.normal(0.5, 1.0, M)  # problem difficulty
+    seed_skill = rng.normal(0, 0.15, 10)
+    truth = {}
+    for cell in cells:
+        algo, seed = cell.cfg.algorithm.name, int(cell.cfg.seed)
+        tags = {"sweep": spec.name, "sweep.cell": cell.id, "role": "cell", "mlflow.parentRunId": parent.info.run_id}
+        run = client.create_run(exp, run_name=cell.name, tags=tags)
+        rid = run.info.run_id
+        noise = rng.normal(0, 0.08)
+        metrics, tokens = [], 0.0
+        for step in STEPS:
+            tokens = step * 2500.0
+            gain = EFFECT[algo] / (1 + (1.0e5 / max(tokens, 1e-9)) ** 2.0) if step else 0.0
+            theta = seed_skill[seed] + (noise if step else 0.0) + gain
+            correct = (theta - b + rng.normal(0, 0.7, M) > 0).astype(int)
+            rows = [{"uid": f"p{j}", "correct": int(c), "score": float(c), "length": 20} for j, c in enumerate(correct)]
+            client.log_text(rid, "".join(json.dumps(r) + "\n" for r in rows), f"eval/outcomes/step_{step:06d}.jsonl")
+            metrics += [Metric("eval/accuracy", float(correct.mean()), 0, step),
+                        Metric("eval/at_tokens_generated", tokens, 0, step),
+                        Metric("eval/at_samples_seen", step * 128.0, 0, step)]  # fmt: skip
+            if step:
+                metrics += [
+                    Metric("time/step", 0.5, 0, step - 1),
+                    Metric("rollout/completion_len_mean", 20.0, 0, step - 1),
+                ]
+        metrics.append(Metric("rollout/tokens_generated", tokens, 0, STEPS[-1]))
+        client.log_batch(rid, metrics=metrics)
+        client.set_terminated(rid, "FINISHED")
+        truth[cell.id] = (algo, seed, rid)
+    client.set_terminated(parent.info.run_id, "FINISHED")
+    return {"client": client, "parent": parent.info.run_id, "truth": truth, "spec": spec, "cells": cells}
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    path = _sweep_file(tmp)
+    logged = _log_runs(tmp, path)
+    summary = report(str(path))
+    return tmp, path, logged, summary
+
+
+def _matrices(client, truth, kind: str) -> dict[str, np.ndarray]:
+    """[seeds, problems] per variant, rebuilt from the outcome artifacts read back from MLflow."""
+    per = {}
+    for algo, seed, rid in truth.values():
+        steps = {}
+        for s in STEPS:
+            with open(client.download_artifacts(rid, f"eval/outcomes/step_{s:06d}.jsonl")) as f:
+                steps[s] = np.array([json.loads(line)["correct"] for line in f], float)
+        if kind == "final":
+            v = steps[STEPS[-1]]
+        else:
+            v = sum((b - a) * (steps[a] + steps[b]) / 2 for a, b in zip(STEPS, STEPS[1:], strict=False)) / STEPS[-1]
+        per.setdefault(algo, {})[seed] = v
+    return {a: np.stack([d[s] for s in sorted(d)]) for a, d in per.items()}
+
+
+def test_paired_differences_are_recomputed_from_the_outcomes(synthetic):
+    tmp, _, logged, _ = synthetic
+    rows = list(csv.DictReader((tmp / "results" / "synthetic" / "comparisons.csv").open()))
+    assert {(r["variant"], r["kind"]) for r in rows} == {(v, k) for v in ("dr_grpo", "dapo") for k in ("final", "auc")}
+    for kind in ("final", "auc"):
+        mats = _matrices(logged["client"], logged["truth"], kind)
+        for v in ("dr_grpo", "dapo"):
+            (row,) = [r for r in rows if r["variant"] == v and r["kind"] == kind]
+            paired = S.difference(mats[v], mats["grpo"], paired=True)
+            unpaired = S.difference(mats[v], mats["grpo"], paired=False)
+            assert float(row["estimate"]) == pytest.approx(paired.estimate, abs=1e-12)
+            assert (float(row["paired_lo"]), float(row["paired_hi"])) == pytest.approx((paired.lo, paired.hi))
+            assert (float(row["unpaired_lo"]), float(row["unpaired_hi"])) == pytest.approx((unpaired.lo, unpaired.hi))
+            assert float(row["narrowing"]) == pytest.approx(1 - paired.half_width / unpaired.half_width)
+            assert row["seeds"] == "5" and row["problems"] == str(M)
+        # Holm over the two comparisons of this kind
+        ps = [S.difference(mats[v], mats["grpo"], paired=True).p for v in ("dr_grpo", "dapo")]
+        adj = S.adjust(ps, "holm")
+        for v, a in zip(("dr_grpo", "dapo"), adj, strict=True):
+            (row,) = [r for r in rows if r["variant"] == v and r["kind"] == kind]
+            assert float(row["p_adjusted"]) == pytest.approx(a)
+
+
+def test_run_level_auc_equals_the_mean_of_per_problem_aucs(synthetic):
+    tmp, _, logged, _ = synthetic
+    runs = {r["run_id"]: r for r in csv.DictReader((tmp / "results" / "synthetic" / "runs.csv").open())}
+    mats = _matrices(logged["client"], logged["truth"], "auc")
+    for algo, seed, rid in logged["truth"].values():
+        assert float(runs[rid]["auc"]) == pytest.approx(mats[algo][seed].mean(), abs=1e-12)
+
+
+def test_the_known_effect_is_found_and_the_null_one_is_not(synthetic):
+    _, _, _, summary = synthetic
+    text = summary.read_text()
+    assert "dapo is higher than grpo by" in text
+    assert "dr_grpo cannot be told apart from grpo" in text
+
+
+def test_power_sentence_comes_first_and_matches_the_observed_variances(synthetic):
+    tmp, _, logged, summary = synthetic
+    lines = [line for line in summary.read_text().splitlines() if line.strip()]
+    assert lines[1].startswith("**countdown**: with 5 seeds and 300 evaluation problems, differences smaller than")
+    rows = list(csv.DictReader((tmp / "results" / "synthetic" / "comparisons.csv").open()))
+    sds = [float(r["paired_se"]) * math.sqrt(5) for r in rows if r["kind"] == "final"]
+    sd = math.sqrt(sum(x * x for x in sds) / len(sds))
+    mde = S.mde(sd, 5, paired=True)
+    assert f"smaller than **{mde:.3f}**" in lines[1], lines[1]
+    assert f"would take {S.seeds_needed(0.02, sd, paired=True):.0f} seeds" in lines[1]
+    # the statsmodels MDE against the textbook approximation (t_{0.975,4} + t_{0.8,4}) · sd / sqrt(5)
+    approx = (sps.t.ppf(0.975, 4) + sps.t.ppf(0.8, 4)) * sd / math.sqrt(5)
+    assert mde == pytest.approx(approx, rel=0.15)
+
+
+def test_what_ran_comes_from_the_resolved_configs(synthetic):
+    _, _, _, summary = synthetic
+    text = summary.read_text()
+    assert "held-out: greedy pass@1 on 300 problems of the `test` split every 10 steps" in text
+    assert "seeds 0, 1, 2, 3, 4" in text and "Purpose (sweep file): synthetic runs of known effect" in text
+
+
+def test_noise_decomposition_and_compute_fits(synthetic):
+    tmp, _, logged, summary = synthetic
+    text = summary.read_text()
+    mats = _matrices(logged["client"], logged["truth"], "final")
+    n = S.noise(mats["grpo"], reps=300)
+    assert f"| grpo | final | {n.observed_sd:.4f} | {n.eval_sd:.4f} |" in text
+    fits = {(r["axis"], r["variant"]): r for r in csv.DictReader((tmp / "results" / "synthetic" / "fits.csv").open())}
+    dapo = fits[("tokens", "dapo")]
+    assert dapo["determined"] == "True", dapo
+    assert float(dapo["C_mid"]) == pytest.approx(1.0e5, rel=0.5) and float(dapo["A_lo"]) <= float(dapo["A"])
+    assert fits[("tokens", "grpo")]["determined"] == "False"  # no gain: nothing to fit
+
+
+def test_mlflow_copy_links_its_images_through_the_artifact_endpoint(synthetic):
+    tmp, _, logged, summary = synthetic
+    client, pid = logged["client"], logged["parent"]
+    logged_files = {a.path for a in client.list_artifacts(pid, "report")}
+    for f in ("summary.md", "comparisons.csv", "fits.csv", "aggregates.png", "profile.png", "improvement.png",
+              "compute_tokens.png", "curves_step.png"):  # fmt: skip
+        assert f"report/{f}" in logged_files, f
+        if f.endswith(".png"):
+            assert (tmp / "results" / "synthetic" / f).read_bytes()[:4] == b"\x89PNG"
+    with open(client.download_artifacts(pid, "report/summary.md")) as fh:
+        mlflow_copy = fh.read()
+    assert f"(get-artifact?path=report/curves_step.png&run_uuid={pid})" in mlflow_copy
+    assert "](curves_step.png)" in summary.read_text() and "get-artifact" not in summary.read_text()
+
+
+def test_a_report_with_overrides_never_overwrites_the_committed_one(synthetic):
+    tmp, path, _, summary = synthetic
+    before = summary.read_text()
+    moved = report(str(path), ["sweep.report.baseline=dapo"])
+    assert moved.parent.name == "synthetic+sweep.report.baseline=dapo" and moved.parent.parent == summary.parent.parent
+    assert summary.read_text() == before
+    assert "Differences to dapo" in moved.read_text()
+    spec = load_plan(str(path))[0]
+    assert _out_dir(spec, ["sweep.report.baseline=dapo"], tmp / "chosen") == (tmp / "chosen", None)  # --out wins
+    assert _out_dir(spec, ["sweep.workers=1"], None) == (summary.parent, None)  # how cells run: the committed place
+    moved_dir, note = _out_dir(spec, ["trainer.max_steps=50", "sweep.workers=1"], None)
+    assert moved_dir.name == "synthetic+trainer.max_steps=50" and "trainer.max_steps=50" in note
+
+
+def test_an_unknown_baseline_names_the_variants(synthetic):
+    _, path, _, _ = synthetic
+    with pytest.raises(ValueError, match=r"report.baseline 'ppo' has no finished runs on countdown; variants: "):
+        report(str(path), ["sweep.report.baseline=ppo"])
