@@ -92,6 +92,9 @@ class ReportSpec:
     """Bootstrap replicates (rliable aggregates, probability of improvement, noise decomposition)."""
     fit_reps: int = 100
     """Seed-bootstrap refits behind the compute-curve fits' CIs."""
+    ui_url: str | None = None
+    """The MLflow UI's address, for the images of the report copy logged to the parent run (MLflow's markdown viewer
+    shows only absolute image links); None: the tracking server when it is one, else http://127.0.0.1:5000 (make ui)."""
 
 
 @dataclass

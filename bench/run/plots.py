@@ -1,0 +1,139 @@
+"""The report's pictures: learning curves, compute-curve fits over the data, and rliable's interval estimates,
+performance profiles and probability of improvement. Each function writes one PNG."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from bench.run import stats as S
+
+KINDS = ("final", "auc")
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _style(i: int):
+    plt = _plt()
+    colours = plt.get_cmap("tab20").colors
+    return colours[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20], ["-", "--", ":", "-."][(i // 10) % 4]
+
+
+def plot(groups: list, axis: str, metric: str, path: Path) -> None:
+    plt = _plt()
+    tasks = sorted({g.task for g in groups if g.runs})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(7 * len(tasks), 5), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for i, g in enumerate(sorted((g for g in groups if g.task == task and g.runs), key=lambda g: g.variant)):
+            steps = sorted(set.intersection(*(set(r.curve) for r in g.runs)))
+            ys = [[r.curve[s] for s in steps] for r in g.runs]
+            if axis == "step":
+                xs = steps
+            else:
+                xs = [statistics.fmean(r.x[axis].get(s, math.nan) for r in g.runs) for s in steps]
+            mean = [statistics.fmean(col) for col in zip(*ys, strict=True)]
+            colour, style = _style(i)
+            ax.plot(xs, mean, style, color=colour, label=f"{g.variant} (n={len(g.runs)})")
+            lo, hi = [min(c) for c in zip(*ys, strict=True)], [max(c) for c in zip(*ys, strict=True)]
+            ax.fill_between(xs, lo, hi, color=colour, alpha=0.12)
+        ax.set_title(task)
+        ax.set_xlabel({"step": "rollout step", "samples": "samples generated", "tokens": "tokens generated"}[axis])
+        ax.set_ylabel(f"held-out {metric} (mean over seeds; band min..max)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_fits(groups: list, fitted: dict[str, dict], axis: str, metric: str, path: Path) -> None:
+    """Each seed's evaluations and the fitted sigmoid per variant, compute on a log axis (as ScaleRL draws them; the
+    start at C = 0 is the dashed line R0)."""
+    plt = _plt()
+    tasks = sorted({g.task for g in groups if g.runs})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(7 * len(tasks), 5), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        r0 = None
+        for i, g in enumerate(sorted((g for g in groups if g.task == task and g.runs), key=lambda g: g.variant)):
+            colour, style = _style(i)
+            for r in g.runs:
+                pts = [(r.x[axis].get(s), r.curve[s]) for s in sorted(r.curve) if (r.x[axis].get(s) or 0) > 0]
+                if pts:
+                    ax.scatter(*zip(*pts, strict=True), s=8, color=colour, alpha=0.4)
+            f = fitted[task].get(g.variant)
+            label = g.variant
+            if f is not None and math.isfinite(f.A):
+                cmax = max(max(r.x[axis].values()) for r in g.runs)
+                cs = np.geomspace(cmax / 50, cmax * 3, 200)
+                ax.plot(cs, S.sigmoid(cs, f.A, f.B, f.C_mid, f.R0), style, color=colour)
+                label += f" (A={f.A:.2f}, B={f.B:.2f}{'' if f.determined else ', not determined'})"
+                r0 = f.R0
+            ax.plot([], [], style, color=colour, label=label)
+        if r0 is not None:
+            ax.axhline(r0, color="grey", linestyle="--", linewidth=0.8, label=f"R0 (start) {r0:.3f}")
+        ax.set_xscale("log")
+        ax.set_title(f"{task}: R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B)")
+        ax.set_xlabel({"samples": "samples generated", "tokens": "tokens generated"}[axis] + " (log scale)")
+        ax.set_ylabel(f"held-out {metric} (each dot one seed's evaluation)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_rliable(scores: dict[str, dict[str, np.ndarray]], agg: dict, pairs: dict, metric: str, out: Path) -> list[str]:
+    """rliable's interval-estimate, performance-profile and probability-of-improvement plots (over all tasks)."""
+    from rliable import library as rly
+    from rliable import plot_utils
+
+    plt = _plt()
+    written = []
+    algos = sorted(agg)
+    if not algos:
+        return written
+    # metrics in the order mean final, mean AUC, IQM final, IQM AUC; agg[a][kind] = [(mean, lo, hi), (iqm, lo, hi)]
+    order = [(j, k) for j in (0, 1) for k in KINDS]
+    point = {a: np.array([agg[a][k][j][0] for j, k in order]) for a in algos}
+    ci = {a: np.array([[agg[a][k][j][1] for j, k in order], [agg[a][k][j][2] for j, k in order]]) for a in algos}
+    names = [f"{stat} {k}" for stat in ("mean", "IQM") for k in ("final", "AUC")]
+    fig, _ = plot_utils.plot_interval_estimates(
+        point, ci, metric_names=names, algorithms=algos, xlabel=f"{metric} (95% stratified-bootstrap CIs)",
+        xlabel_y_coordinate=-0.45 / max(len(algos), 1) ** 0.5,
+    )  # fmt: skip
+    fig.savefig(out / "aggregates.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    written.append("aggregates.png")
+    final = {a: scores["final"][a] for a in algos}
+    lo = min(float(v.min()) for v in final.values())
+    hi = max(float(v.max()) for v in final.values())
+    taus = np.linspace(lo - 0.01, hi + 0.01, 81)
+    np.random.seed(0)
+    prof, prof_ci = rly.create_performance_profile(final, taus, reps=500)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {a: _style(i)[0] for i, a in enumerate(algos)}
+    labels = dict(xlabel=f"final {metric} (τ)", ylabel="fraction of runs with score > τ")
+    plot_utils.plot_performance_profiles(prof, taus, performance_profile_cis=prof_ci, ax=ax, colors=colours, **labels)
+    ax.legend([plt.Line2D([0], [0], color=_style(i)[0]) for i in range(len(algos))], algos, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "profile.png", dpi=110)
+    plt.close(fig)
+    written.append("profile.png")
+    if pairs:
+        est = {k: v[0] for k, v in pairs.items()}
+        ints = {k: np.array([[v[1]], [v[2]]]) for k, v in pairs.items()}
+        ax = plot_utils.plot_probability_of_improvement(est, ints, figsize=(5, 0.5 + 0.45 * len(pairs)))
+        ax.figure.savefig(out / "improvement.png", dpi=110, bbox_inches="tight")
+        plt.close(ax.figure)
+        written.append("improvement.png")
+    return written

@@ -1,0 +1,131 @@
+"""Which change bought how much detectable difference: the minimum detectable effect (MDE) of a sweep recomputed on
+its own runs under the settings it replaced, one change at a time (evaluation size, seeds, pairing, AUC vs final).
+
+    python scripts/mde_breakdown.py default [--old-runs old_runs.csv] [--out results/default/mde_breakdown.md]
+
+Every row uses the same runs read back from MLflow (the sweep's finished cells and their per-problem outcomes): a
+smaller evaluation is the first M problems of the same evaluations, fewer seeds the first seeds. The MDE is the
+report's (bench/run/report.py: per-seed SDs from the comparisons with the baseline, pooled by root mean square,
+statsmodels' t-test power at α = 0.05, power 0.8). ``--old-runs`` adds the MDE of an earlier report's runs.csv (for
+the default sweep before 1000-problem evaluation: ``git show cd79227:results/default/runs.csv``), Welch on the
+final value as that report tested it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import ROOT  # noqa: E402
+from bench.run import stats as S  # noqa: E402
+from bench.run.report import collect, group, matrix, shared_uids, variants  # noqa: E402
+from bench.run.sweep import Sweep, load_plan  # noqa: E402
+
+
+def pooled_mde(groups, baseline, seeds: list[int], uids, kind: str, paired: bool) -> tuple[float, float]:
+    """(pooled per-seed SD, MDE) over the comparisons of every other variant with the baseline."""
+    sds = []
+    for g in groups:
+        if g is baseline:
+            continue
+        d = S.difference(matrix(g, seeds, kind, uids), matrix(baseline, seeds, kind, uids), paired=paired)
+        sds.append(d.se * math.sqrt(len(seeds) if paired else len(seeds) / 2))
+    sd = math.sqrt(statistics.fmean(x * x for x in sds))
+    return sd, S.mde(sd, len(seeds), paired=paired)
+
+
+def old_mde(path: Path) -> tuple[float, float, int, float]:
+    """(pooled SD, Welch MDE, seeds, mean final) of an earlier runs.csv: each variant's final values, unpaired."""
+    rows = list(csv.DictReader(path.open()))
+    by = {}
+    for r in rows:
+        by.setdefault(r["variant"], []).append(float(r["final"]))
+    sd = math.sqrt(statistics.fmean(statistics.variance(v) for v in by.values()))
+    n = min(len(v) for v in by.values())
+    return sd, S.mde(sd, n, paired=False), n, statistics.fmean(float(r["final"]) for r in rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sweep")
+    ap.add_argument("--old-runs", type=Path, help="runs.csv of an earlier report, for its MDE")
+    ap.add_argument("--old-gain", type=float, help="the earlier report's gain over the start, for its ratio")
+    ap.add_argument("--out", type=Path)
+    ns = ap.parse_args()
+    spec, cells = load_plan(ns.sweep)
+    sweep = Sweep(spec, cells)
+    runs, _ = collect(sweep, spec.report.metric)
+    labels = variants(cells)
+    groups = [g for g in group(runs, cells, labels) if g.runs]
+    base_name = spec.report.baseline or str(spec.axes["algorithm"][0])
+    baseline = next(g for g in groups if g.variant == base_name)
+    seeds = sorted(set.intersection(*(set(g.seeds) for g in groups)))
+    uids = shared_uids(groups)
+    start = statistics.fmean(r.curve[min(r.curve)] for r in runs)
+    gain = {
+        "final": statistics.fmean(r.final for r in runs) - start,
+        "auc": statistics.fmean(r.auc for r in runs) - start,
+    }
+    ladder = [
+        (
+            "the old setting on these runs: 3 seeds, 200 problems, unpaired, final",
+            seeds[:3],
+            uids[:200],
+            "final",
+            False,
+        ),
+        ("+ 1000 evaluation problems", seeds[:3], uids, "final", False),
+        (f"+ {len(seeds)} seeds", seeds, uids, "final", False),
+        ("+ pairing by seed and problem", seeds, uids, "final", True),
+        ("+ AUC (mean over training) instead of the final value", seeds, uids, "auc", True),
+    ]
+    lines = [
+        f"# What bought the detectable difference: sweep `{spec.name}`",
+        "",
+        f"`python scripts/mde_breakdown.py {ns.sweep}"
+        + (f" --old-runs {ns.old_runs.name} --old-gain {ns.old_gain}" if ns.old_runs else "")
+        + "`",
+        "",
+        f"The same {len(runs)} runs (MLflow experiment `{sweep.experiment}`), each change applied in turn. MDE: the "
+        "smallest difference a two-sided t-test detects at α = 0.05 with power 0.8 (statsmodels), from the per-seed "
+        f"SD of the comparisons with {base_name} pooled by root mean square. Gain: the mean over runs of the final "
+        f"value (or the AUC) minus the start ({start:.3f}).",
+        "",
+        "| setting | seeds | problems | per-seed SD | MDE | gain / MDE |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    if ns.old_runs:
+        sd, mde, n, _ = old_mde(ns.old_runs)
+        ratio = f"{ns.old_gain / mde:.2f}" if ns.old_gain else "–"
+        lines.append(
+            f"| the committed report before (its own runs, Welch, final) | {n} | 200 | {sd:.4f} | {mde:.3f} | {ratio} |"
+        )
+    previous = None
+    for name, s, u, kind, paired in ladder:
+        sd, mde = pooled_mde(groups, baseline, s, u, kind, paired)
+        change = "" if previous is None else f" ({mde / previous:.2f}x)"
+        lines.append(f"| {name} | {len(s)} | {len(u)} | {sd:.4f} | {mde:.3f}{change} | {gain[kind] / mde:.1f} |")
+        previous = mde
+    noise = S.noise(np.concatenate([matrix(g, seeds, "final", uids) for g in groups]))
+    lines += [
+        "",
+        f"Gain over the start: final {gain['final']:+.3f}, AUC {gain['auc']:+.3f}. Evaluation noise of one run's final "
+        f"value on {len(uids)} problems: SD {noise.eval_sd:.4f} (bootstrap over problems); on 200: "
+        f"{noise.eval_sd * math.sqrt(len(uids) / 200):.4f}.",
+        "",
+    ]
+    out = ns.out or ROOT / "results" / spec.name / "mde_breakdown.md"
+    out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
