@@ -188,7 +188,7 @@ def test_mlflow_copy_links_its_images_through_the_artifact_endpoint(synthetic):
     client, pid = logged["client"], logged["parent"]
     logged_files = {a.path for a in client.list_artifacts(pid, "report")}
     for f in ("summary.md", "comparisons.csv", "fits.csv", "aggregates.png", "profile.png", "improvement.png",
-              "compute_tokens.png", "curves_step.png"):  # fmt: skip
+              "differences.png", "compute_tokens.png", "curves_step.png"):  # fmt: skip
         assert f"report/{f}" in logged_files, f
         if f.endswith(".png"):
             assert (tmp / "results" / "synthetic" / f).read_bytes()[:4] == b"\x89PNG"

@@ -137,3 +137,27 @@ def plot_rliable(scores: dict[str, dict[str, np.ndarray]], agg: dict, pairs: dic
         plt.close(ax.figure)
         written.append("improvement.png")
     return written
+
+
+def plot_differences(curves: dict[str, tuple[str, dict]], metric: str, path: Path) -> None:
+    """Per task, each variant minus the baseline at every evaluation, paired by seed and problem, with its 95%
+    interval: where the curves of `curves_step.png` overlap, this shows whether the gap is real."""
+    plt = _plt()
+    tasks = sorted(t for t, (_, c) in curves.items() if c)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(7 * len(tasks), 5), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        baseline, per_variant = curves[task]
+        for i, (variant, points) in enumerate(sorted(per_variant.items())):
+            colour, style = _style(i)
+            steps = [s for s, _ in points]
+            ax.plot(steps, [d.estimate for _, d in points], style, color=colour, label=variant)
+            ax.fill_between(steps, [d.lo for _, d in points], [d.hi for _, d in points], color=colour, alpha=0.15)
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_title(f"{task}: variant − {baseline} (paired by seed and problem, 95% CI)")
+        ax.set_xlabel("rollout step")
+        ax.set_ylabel(f"Δ held-out {metric}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

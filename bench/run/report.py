@@ -40,7 +40,7 @@ from bench import ROOT
 from bench.config import ConfigError, config_hash
 from bench.registry import did_you_mean
 from bench.run import stats as S
-from bench.run.plots import plot, plot_fits, plot_rliable
+from bench.run.plots import plot, plot_differences, plot_fits, plot_rliable
 from bench.run.sweep import Cell, Sweep, SweepSpec, load_plan
 
 X_AXES = {"step": None, "samples": "eval/at_samples_seen", "tokens": "eval/at_tokens_generated"}
@@ -304,6 +304,30 @@ def matrix(g: Group, seeds: list[int], kind: str, uids: list[str] | None) -> np.
     return np.stack([r.problem_values(kind, uids) for r in runs])
 
 
+def _at_step(g: Group, seeds: list[int], step: int, uids) -> np.ndarray:
+    """[seeds, problems] per-problem values at one evaluation (run-level [seeds, 1] without outcomes)."""
+    rs = g.by_seed(seeds)
+    if uids is None:
+        return np.array([[r.curve[step]] for r in rs])
+    return np.stack([np.array([r.problems[step][u] for u in uids]) for r in rs])
+
+
+def difference_curves(groups: list[Group], baseline: Group, uids, spec: SweepSpec) -> dict[str, list]:
+    """variant -> [(step, paired Difference to the baseline at that evaluation)] over the evaluations all share."""
+    out = {}
+    for g in groups:
+        seeds = sorted(set(g.seeds) & set(baseline.seeds))
+        if g is baseline or len(seeds) < 2:
+            continue
+        steps = sorted(set.intersection(*(set(r.curve) for r in g.by_seed(seeds) + baseline.by_seed(seeds))))
+        out[g.variant] = [
+            (s, S.difference(_at_step(g, seeds, s, uids), _at_step(baseline, seeds, s, uids), paired=True,
+                             alpha=spec.report.alpha))
+            for s in steps
+        ]  # fmt: skip
+    return out
+
+
 def compare(groups: list[Group], baseline: Group, uids, spec: SweepSpec) -> list[Comparison]:
     rep = spec.report
     out = []
@@ -556,11 +580,17 @@ def difference_sentences(cs: list[Comparison], spec: SweepSpec, metric: str) -> 
                 f"{c.variant} is {word} than {base} by {abs(d.estimate):.3f} ({_ci(d)}, adjusted p {_p(c.p_adjusted)})"
             )
         text = f"{what[0].upper()}{what[1:]}: " + ("; ".join(parts) + ". " if parts else "")
-        if within:
+        alone = [c for c in within if not c.main.lo <= 0 <= c.main.hi]  # excludes 0 alone, not after adjustment
+        held = [c for c in within if c not in alone]
+        if held:
             text += (
-                f"{', '.join(c.variant for c in within)} cannot be told apart from {base} "
-                f"({'each interval holds 0' if len(within) > 1 else 'the interval holds 0'}; {method}-adjusted p ≥ "
-                f"{spec.report.alpha:g}). "
+                f"{', '.join(c.variant for c in held)} cannot be told apart from {base} "
+                f"({'each interval holds 0' if len(held) > 1 else 'the interval holds 0'}). "
+            )
+        for c in alone:
+            text += (
+                f"{c.variant} − {base} = {_ci(c.main)} excludes 0 on its own, but not after {method}'s adjustment for "
+                f"{len(family)} comparisons (adjusted p {_p(c.p_adjusted)}): suggestive, not established. "
             )
         if untestable:
             text += f"Not testable (fewer than 2 seeds): {', '.join(c.variant for c in untestable)}."
@@ -647,7 +677,7 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
             )
     rows = statistics_rows(groups, threshold, agg)
     # per task: comparisons, power, noise, fits
-    comparisons, powers, noises, fitted, uid_sets = [], {}, [], {"tokens": {}, "samples": {}}, {}
+    comparisons, powers, noises, fitted, uid_sets, diff_curves = [], {}, [], {"tokens": {}, "samples": {}}, {}, {}
     for t in tasks:
         tg = [g for g in groups if g.task == t and g.runs]
         uids = shared_uids(tg)
@@ -663,6 +693,7 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
             )
         cs = compare(tg, baseline, uids, spec)
         comparisons += cs
+        diff_curves[t] = (baseline.variant, difference_curves(tg, baseline, uids, spec))
         powers[t] = power(t, cs, tg, uids, spec)
         noises += noise_rows(tg, uids, rep.bootstrap_reps)
         steps0 = [r.curve[min(r.curve)] for g in tg for r in g.runs]
@@ -674,10 +705,14 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
     for ax_name in ("tokens", "samples"):
         plot_fits(groups, fitted[ax_name], ax_name, metric, out / f"compute_{ax_name}.png")
     images = plot_rliable(scores, agg_by_variant, pairs, metric, out) if scores["final"] else []
-    text = _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, powers, noises, fitted, pairs,
-                    across, missing, uid_sets, metric, axis, images, overrides)  # fmt: skip
-    (out / "summary.md").write_text(text)
+    if any(curves for _, curves in diff_curves.values()):
+        plot_differences(diff_curves, metric, out / "differences.png")
+        images.append("differences.png")
     parent = sweep.runs(role="sweep")
+    driver = float(parent[0].data.tags.get("sweep.wall_clock_s", "nan")) if parent else math.nan
+    text = _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, powers, noises, fitted, pairs,
+                    across, missing, uid_sets, metric, axis, images, overrides, driver)  # fmt: skip
+    (out / "summary.md").write_text(text)
     if parent:
         pid = parent[0].info.run_id
         files = ["summary.csv", "comparisons.csv", "fits.csv", "runs.csv", *(f"curves_{a}.png" for a in X_AXES)]
@@ -736,7 +771,7 @@ def _write_csvs(out, rows, runs, labels, threshold, comparisons, fitted) -> None
 
 
 def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, powers, noises, fitted, pairs, across,
-             missing, uid_sets, metric, axis, images, overrides) -> str:  # fmt: skip
+             missing, uid_sets, metric, axis, images, overrides, driver) -> str:  # fmt: skip
     rep = spec.report
     method = {"holm": "Holm", "bh": "Benjamini-Hochberg"}[rep.correction]
     baseline_of = {c.task: c.baseline for c in comparisons}
@@ -757,7 +792,8 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
     wall = sum(r.wall_clock_s for r in runs)
     lines += [
         f"- {len(runs)} of {len(cells)} cells finished (MLflow experiment `sweep-{spec.name}`); sum of the cells' "
-        f"wall-clock {wall / 60:.1f} min (process start-up included).",
+        f"wall-clock {wall / 60:.1f} min (process start-up included); the sweep driver ran {driver / 60:.1f} min over "
+        "all its invocations (warm starts included).",
         "",
         "**How to read this report.** Final and AUC (the mean held-out value over training, a trapezoid) are means "
         "over seeds with 95% Student-t intervals; IQM is the interquartile mean with rliable's stratified-bootstrap "
@@ -834,7 +870,8 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
         lines += ["Cells without a finished run (not in the tables): " + ", ".join(c.label for c in missing), ""]
     lines += [f"![learning curves](curves_{axis}.png)", ""]
     lines += ["Other x-axes: " + ", ".join(f"[{a}](curves_{a}.png)" for a in X_AXES if a != axis), ""]
-    for img, title in (("aggregates.png", "rliable interval estimates"), ("profile.png", "performance profiles"),
+    for img, title in (("differences.png", "paired differences to the baseline at every evaluation"),
+                       ("aggregates.png", "rliable interval estimates"), ("profile.png", "performance profiles"),
                        ("improvement.png", "probability of improvement")):  # fmt: skip
         if img in images:
             lines += [f"![{title}]({img})", ""]
