@@ -42,6 +42,7 @@ from bench.registry import did_you_mean
 from bench.run import stats as S
 from bench.run.plots import plot, plot_differences, plot_fits, plot_rliable
 from bench.run.sweep import Cell, Sweep, SweepSpec, load_plan
+from bench.tracking import git_commit
 
 X_AXES = {"step": None, "samples": "eval/at_samples_seen", "tokens": "eval/at_tokens_generated"}
 KINDS = ("final", "auc")
@@ -87,6 +88,7 @@ class RunStats:
     s_per_step: float
     wall_clock_s: float
     problems: dict[int, dict[str, float]] | None = None  # eval step -> uid -> per-problem value
+    commit: str = "unknown"  # the git commit the run trained at
 
     @property
     def seed(self) -> int:
@@ -221,6 +223,7 @@ def collect(sweep: Sweep, metric: str) -> tuple[list[RunStats], list[Cell]]:
                     run.data.tags.get("sweep.wall_clock_s") or ((run.info.end_time or 0) - run.info.start_time) / 1000
                 ),
                 problems=_outcomes(c, rid, sorted(curve), value),
+                commit=run.data.tags.get("git_commit", "unknown"),
             )
         )
     return out, missing
@@ -789,6 +792,13 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
     changing = [o for o in overrides if not o.startswith(RUN_ONLY_KEYS)]
     if changing:
         lines += [f"- Command-line overrides of the sweep file: `{' '.join(changing)}`."]
+    commits = ", ".join(sorted({r.commit[:12] for r in runs}))
+    again = f"python -m bench sweep {spec.name}" + "".join(f" {o}" for o in overrides)
+    lines += [
+        f"- Reproduce: `{again}` (runs the missing cells, then this report); `python -m bench report {spec.name}` "
+        f"rewrites the report from MLflow. Cells trained at git commit {commits}; report written at "
+        f"{git_commit()[:12]}."
+    ]
     wall = sum(r.wall_clock_s for r in runs)
     lines += [
         f"- {len(runs)} of {len(cells)} cells finished (MLflow experiment `sweep-{spec.name}`); sum of the cells' "
