@@ -110,12 +110,11 @@ def main() -> None:
         "| setting | seeds | problems | per-seed SD | MDE | gain / MDE |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    if ns.old_runs:
-        sd, mde, n, _ = old_mde(ns.old_runs)
+    if ns.old_rev:
+        sd, mde, n, _ = old_mde(ns.old_rev, spec.name)
         ratio = f"{ns.old_gain / mde:.2f}" if ns.old_gain else "–"
-        lines.append(
-            f"| the committed report before (its own runs, Welch, final) | {n} | 200 | {sd:.4f} | {mde:.3f} | {ratio} |"
-        )
+        what = f"the report committed at {ns.old_rev} (its own runs, Welch, final)"
+        lines.append(f"| {what} | {n} | {ns.old_problems or '–'} | {sd:.4f} | {mde:.3f} | {ratio} |")
     previous = None
     for name, s, u, kind, paired in ladder:
         sd, mde = pooled_mde(groups, baseline, s, u, kind, paired)
