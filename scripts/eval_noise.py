@@ -30,6 +30,7 @@ from bench.engine.policy import load_policy  # noqa: E402
 from bench.registry import ALGORITHMS, TASKS  # noqa: E402
 from bench.run.stats import binomial_se  # noqa: E402
 from bench.run.train import ensure_sft  # noqa: E402
+from bench.tracking import git_commit  # noqa: E402
 
 
 def countdown_rows(sizes: list[int], ks: list[int], reps: int) -> list[tuple]:
@@ -93,7 +94,7 @@ def main() -> None:
         f"--reps {ns.reps}`",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads.",
+        f"{torch.get_num_threads()} threads; git commit {git_commit()[:12]}.",
         "",
         "## Countdown, tiny model, seed-0 SFT warm start (eval.batch_size=256)",
         "",
