@@ -410,7 +410,7 @@ def test_config_validation_and_yaml() -> None:
     from bench.config import compose
 
     cfg = compose(["algorithm=grpo", "task=gsm8k"])
-    assert cfg.task.name == "gsm8k" and cfg.task.num_eval == 500, cfg.task
+    assert cfg.task.name == "gsm8k" and cfg.task.num_eval == 1319, cfg.task  # the whole test set
     assert cfg.rollout.max_new_tokens == 256, cfg.rollout
 
 
