@@ -5,7 +5,7 @@ its own runs under the settings it replaced, one change at a time (evaluation si
 
 Every row uses the same runs read back from MLflow (the sweep's finished cells and their per-problem outcomes): a
 smaller evaluation is the first M problems of the same evaluations, fewer seeds the first seeds. The MDE is the
-report's (bench/run/report.py: per-seed SDs from the comparisons with the baseline, pooled by root mean square,
+report's (bench/run/report.py: per-seed SDs from the comparisons with the baseline, their median,
 statsmodels' t-test power at α = 0.05, power 0.8). ``--old-rev`` adds the MDE of the report committed at that
 revision (its results/<sweep>/runs.csv, read with git show; for the default sweep before 1000-problem evaluation:
 cd79227), Welch on the final value as that report tested it; ``--old-gain`` is its gain over the start, which that
@@ -41,7 +41,7 @@ def pooled_mde(groups, baseline, seeds: list[int], uids, kind: str, paired: bool
             continue
         d = S.difference(matrix(g, seeds, kind, uids), matrix(baseline, seeds, kind, uids), paired=paired)
         sds.append(d.se * math.sqrt(len(seeds) if paired else len(seeds) / 2))
-    sd = math.sqrt(statistics.fmean(x * x for x in sds))
+    sd = statistics.median(sds)
     return sd, S.mde(sd, len(seeds), paired=paired)
 
 
@@ -104,7 +104,7 @@ def main() -> None:
         "",
         f"The same {len(runs)} runs (MLflow experiment `{sweep.experiment}`), each change applied in turn. MDE: the "
         "smallest difference a two-sided t-test detects at α = 0.05 with power 0.8 (statsmodels), from the per-seed "
-        f"SD of the comparisons with {base_name} pooled by root mean square. Gain: the mean over runs of the final "
+        f"SD of the comparisons with {base_name} (their median). Gain: the mean over runs of the final "
         f"value (or the AUC) minus the start ({start:.3f}).",
         "",
         "| setting | seeds | problems | per-seed SD | MDE | gain / MDE |",

@@ -366,12 +366,14 @@ class Power:
     mde_unpaired: float
     needed: float
     target: float
+    mde_noisiest: float = math.nan
 
 
 def power(task: str, comparisons: list[Comparison], groups: list[Group], uids, spec: SweepSpec) -> list[Power]:
     """The minimum detectable effect from the observed variances: the comparisons' standard errors turned back into
-    per-seed SDs (paired: se·√n, unpaired: se·√(n/2)) and pooled (root mean square) over the comparisons; with a
-    single variant, the SD of its own seeds. And the seeds a ``report.target_effect`` would need."""
+    per-seed SDs (paired: se·√n, unpaired: se·√(n/2)) and summarised by their median over the comparisons (a
+    collapsing variant's huge spread must not set the figure for the others; the noisiest comparison's MDE is kept
+    beside it); with a single variant, the SD of its own seeds. And the seeds a ``report.target_effect`` would need."""
     rep = spec.report
     live = [g for g in groups if g.runs]
     n = min(len(g.runs) for g in live)
@@ -385,16 +387,17 @@ def power(task: str, comparisons: list[Comparison], groups: list[Group], uids, s
         ]
         if not cs and n >= 2:
             unpaired_sd = [statistics.stdev(live[0].values(kind))]
-        rms = lambda xs: math.sqrt(statistics.fmean(x * x for x in xs)) if xs else math.nan  # noqa: E731
-        sd_p, sd_u = rms(paired_sd), rms(unpaired_sd)
+        med = lambda xs: statistics.median(xs) if xs else math.nan  # noqa: E731
+        sd_p, sd_u = med(paired_sd), med(unpaired_sd)
         use_paired = bool(paired_sd)
-        sd = sd_p if use_paired else sd_u
+        sd, worst = (sd_p, max(paired_sd)) if use_paired else (sd_u, max(unpaired_sd, default=math.nan))
         kw = dict(alpha=rep.alpha, power=rep.power)
         out.append(
             Power(
                 task, kind, n, M, sd, use_paired,
                 S.mde(sd, n, paired=use_paired, **kw), S.mde(sd_u, n, paired=False, **kw),
                 S.seeds_needed(rep.target_effect, sd, paired=use_paired, **kw), rep.target_effect,
+                S.mde(worst, n, paired=use_paired, **kw),
             )
         )  # fmt: skip
     return out
@@ -417,11 +420,13 @@ def power_sentence(ps: list[Power], baseline: str, metric: str, spec: SweepSpec,
     how = f"paired by seed against {baseline}; {final.mde_unpaired:.3f} unpaired" if final.paired else "unpaired"
     problems = f"{final.problems} evaluation problems" if final.problems else "run-level values"
     need = lambda p: "more than 100,000" if p.needed == math.inf else f"{p.needed:.0f}"  # noqa: E731
-    ratio = f" The mean gain over the start (final − step 0) is {gain:+.3f}, {gain / final.mde:.1f}x the detectable " \
-        "difference." if math.isfinite(gain) else ""  # fmt: skip
+    ratio = f" The median variant's gain over the start (final − step 0) is {gain:+.3f}, {gain / final.mde:.1f}x the " \
+        "detectable difference." if math.isfinite(gain) else ""  # fmt: skip
+    noisiest = (f"; the noisiest comparison detects only {final.mde_noisiest:.3f}"
+                if final.mde_noisiest > 1.5 * final.mde else "")  # fmt: skip
     return (
         f"**{final.task}**: with {final.seeds} seeds and {problems}, differences smaller than **{final.mde:.3f}** in "
-        f"the final `{metric}` are not detectable ({how}; over training (AUC): {auc.mde:.3f}) (α = "
+        f"the final `{metric}` are not detectable ({how}; over training (AUC): {auc.mde:.3f}{noisiest}) (α = "
         f"{spec.report.alpha:g}, power {spec.report.power:g}). Detecting a difference of {final.target:g} would take "
         f"{need(final)} seeds per variant (final) or {need(auc)} (AUC).{ratio}"
     )
@@ -780,8 +785,9 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
     baseline_of = {c.task: c.baseline for c in comparisons}
     lines = [f"# Sweep `{spec.name}`", ""]
     for t in tasks:
-        starts = [(r.final - r.curve[min(r.curve)]) for r in runs if r.cell.cfg.task.name == t]
-        gain = statistics.fmean(starts) if starts else math.nan
+        gains = [statistics.fmean(r.final - r.curve[min(r.curve)] for r in g.runs) for g in groups
+                 if g.task == t and g.runs]  # fmt: skip
+        gain = statistics.median(gains) if gains else math.nan
         lines += [power_sentence(powers[t], baseline_of.get(t, ""), metric, spec, gain), ""]
     lines += ["## What ran", ""]
     if spec.description.strip():
