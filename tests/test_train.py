@@ -169,6 +169,18 @@ def test_interrupt_checkpoints_marks_killed_and_resumes(store, tmp_path, sig, ta
     assert steps == list(range(stop)), steps  # no step lost, none repeated
 
 
+def test_resuming_a_run_stopped_after_its_last_step_trains_no_extra_step(small, store):
+    """A stop that lands after the last step (the checkpoint already at max_steps) resumes to FINISHED without a
+    step past trainer.max_steps (the sweep's SIGTERM can arrive then)."""
+    result = train(compose(["algorithm=grpo", "task=countdown", *small, "trainer.max_steps=2"]))
+    client = MlflowClient(tracking_uri=store["uri"])
+    client.update_run(result.run_id, status="KILLED")  # what the stop leaves: the checkpoint is at step 2 of 2
+    again = resume(result.run_dir)
+    assert again.run_id == result.run_id
+    assert client.get_run(result.run_id).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(result.run_id, "time/step")] == [0, 1]
+
+
 NAN_ALGORITHM = '''
 import torch
 from algorithms.grpo import GRPO

@@ -118,6 +118,13 @@ class PolicyModule(L.LightningModule):
         if self.step_count == 0 and self.last_eval_step < 0:
             self.evaluate()
 
+    def on_train_batch_start(self, batch, batch_idx):
+        # A run stopped (SIGTERM, Ctrl-C) after its last step but before it finished resumes with nothing left to do:
+        # end the fit instead of training (and logging) a step past trainer.max_steps.
+        if self.step_count >= self.cfg.trainer.max_steps:
+            self.trainer.should_stop = True
+            return -1
+
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self.step_count += 1
         done = self.step_count >= self.cfg.trainer.max_steps
