@@ -166,6 +166,12 @@ class Task(L.LightningDataModule):
         the task has no natural segmenter."""
         return None
 
+    def process_rewards(self, example: Example, completion: str) -> list[tuple[int, float]] | None:
+        """Step rewards of an oracle process supervisor: (character offset of each step's last character, the step's
+        reward) for every step the completion made, a step rewarded 0 included; None when the task has none. The
+        harness places each on the token holding that character (``algorithm.reward_shaping=process``)."""
+        return None
+
     # ---- batches ------------------------------------------------------------------------------------------------
     def collate_prompts(self, examples: Sequence[Example]) -> dict:
         prompts = [self.render_prompt(e) for e in examples]

@@ -13,6 +13,7 @@ from bench.config import compose
 from bench.registry import ALGORITHMS, TASKS
 from bench.rl.objective import CHOICES, PolicyGradientConfig
 from bench.run.train import train
+from bench.task import Task
 from tests.conftest import data_root
 
 RL = [n for n in ALGORITHMS.names() if issubclass(ALGORITHMS.get(n).Config, PolicyGradientConfig)]
@@ -67,11 +68,23 @@ CONTRACT = [
 ]
 
 
+GENERATED = {"countdown", "chain", "delay"}  # tasks that need no data root
+
+
+def has_step_rewards(task: str) -> bool:
+    return TASKS.get(task).process_rewards is not Task.process_rewards
+
+
+def needs_step_rewards(name: str) -> bool:
+    return ALGORITHMS.get(name).Config().reward_shaping == "process"
+
+
 @pytest.mark.parametrize("name", RL)
 def test_algorithm_trains_two_steps_and_logs_its_choices(name, store):
-    """Each algorithm trains 2 steps on the tiny model and Countdown: finite loss, parameters changed, and its MLflow
-    run carries every choice as a param and a choice.* tag."""
-    result = train(compose([f"algorithm={name}", "task=countdown", *CONTRACT, *store["args"]]))
+    """Each algorithm trains 2 steps on the tiny model and Countdown (chain for those that need the task's step
+    rewards): finite loss, parameters changed, and its MLflow run carries every choice as a param and a choice.* tag."""
+    task = "chain" if needs_step_rewards(name) else "countdown"
+    result = train(compose([f"algorithm={name}", f"task={task}", *CONTRACT, *store["args"]]))
     client = MlflowClient(tracking_uri=store["uri"])
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED", run.info.status
@@ -85,7 +98,7 @@ def test_algorithm_trains_two_steps_and_logs_its_choices(name, store):
     for key in DIAGNOSTICS.get(name, ()):
         history = client.get_metric_history(result.run_id, key)
         assert len(history) == 2 and all(map(math.isfinite, (m.value for m in history))), (name, key, history)
-    (init_dir,) = [p for p in (store["dir"] / "cache" / "sft").glob("countdown-tiny-s0-*") if p.is_dir()]
+    (init_dir,) = [p for p in (store["dir"] / "cache" / "sft").glob(f"{task}-tiny-s0-*") if p.is_dir()]
     init = AutoModelForCausalLM.from_pretrained(init_dir)
     trained = AutoModelForCausalLM.from_pretrained(result.run_dir / "final")
     delta = max((a - b).abs().max().item() for a, b in zip(init.parameters(), trained.parameters(), strict=True))
@@ -99,8 +112,10 @@ def test_every_algorithm_trains_on_every_task(name, task, store):
     """Each critic-free algorithm trains 2 steps on each task with the tiny model (finite loss, FINISHED run).
     From random init most rewards are 0: dynamic sampling (DAPO) then finds no informative group and skips the
     update, which it records as rollout/trained_samples = 0 instead of a loss."""
-    if task != "countdown" and data_root() is None:
+    if task not in GENERATED and data_root() is None:
         pytest.skip("needs the data root (BENCH_DATA)")
+    if needs_step_rewards(name) and not has_step_rewards(task):
+        pytest.skip(f"{name} needs the task's step rewards (Task.process_rewards); {task} has none")
     args = [
         f"algorithm={name}",
         f"task={task}",

@@ -67,9 +67,10 @@ def run_path(cfg: PolicyGradientConfig, b: dict) -> Path:
     runs them; returns the intermediates and d loss / d logp."""
     logp = b["logp"].clone().requires_grad_()
     R, tr, loss_mask = shape_rewards(
-        cfg, b["scores"], b["mask"], b["lengths"], b["truncated"], b["budget"], b["old_logp"], b["ref_logp"]
-    )
-    adv = advantages(cfg, R, tr, loss_mask, b["G"], b["baseline"])
+        cfg, *(b[k] for k in ("scores", "mask", "lengths", "truncated", "budget", "old_logp", "ref_logp")),
+        b.get("step_rewards"),
+    )  # fmt: skip
+    adv = advantages(cfg, R, tr, loss_mask, b["G"], b["baseline"], b.get("step_ends"))
     norm = Norm.of(loss_mask, b["budget"])
     loss, stats = policy_loss(logp, b["old_logp"], adv, loss_mask, cfg, norm, b["ref_logp"])
     loss.backward()
@@ -446,7 +447,11 @@ def rl_batches(draw, P: int | None = None, G: int | None = None, max_T: int = 4,
     old = floats(-6.0, -0.01)
     logp = old + floats(-log_ratio, log_ratio)
     budget = T + draw(st.integers(0, 2))
+    ends = t64(draw(st.lists(st.sampled_from([0.0, 1.0]), min_size=B * T, max_size=B * T))).view(B, T).bool()
+    steps = t64(draw(st.lists(st.sampled_from([0.0, 0.25, 1.0]), min_size=B * T, max_size=B * T))).view(B, T)
     return dict(
+        step_rewards=torch.where(ends, steps, 0.0),  # a task's oracle step rewards (reward_shaping=process)
+        step_ends=ends,
         mask=(torch.arange(T) < lengths.unsqueeze(-1)).to(F64),
         logp=logp,
         old_logp=old,
@@ -470,7 +475,7 @@ def test_masked_positions_are_inert(name, batch, data):
     clean = run_path(cfg, batch)
     m = batch["mask"].bool()
     dirty = dict(batch)
-    for key in ("logp", "old_logp", "ref_logp"):
+    for key in ("logp", "old_logp", "ref_logp", "step_rewards"):
         junk = t64(data.draw(st.lists(st.sampled_from(GARBAGE), min_size=m.numel(), max_size=m.numel()))).view_as(m)
         dirty[key] = torch.where(m, batch[key], junk)
     got = run_path(cfg, dirty)
@@ -491,8 +496,9 @@ def test_padding_columns_change_nothing(name, batch, extra, junk):
     want = run_path(cfg, batch)
     B, T = batch["mask"].shape
     padded = dict(batch, mask=torch.cat([batch["mask"], torch.zeros(B, extra, dtype=F64)], 1))
-    for key in ("logp", "old_logp", "ref_logp"):
+    for key in ("logp", "old_logp", "ref_logp", "step_rewards"):
         padded[key] = torch.cat([batch[key], torch.full((B, extra), junk, dtype=F64)], 1)
+    padded["step_ends"] = torch.cat([batch["step_ends"], torch.ones(B, extra, dtype=torch.bool)], 1)  # on padding
     got = run_path(cfg, padded)
     assert torch.allclose(got.R, want.R, rtol=1e-12, atol=1e-12), f"{name}: R {got.R.tolist()} != {want.R.tolist()}"
     got_adv = got.adv[:, :T] if got.adv.dim() == 2 else got.adv
@@ -785,9 +791,10 @@ def test_gradient_accumulation_matches_full_batch(name, mode, batch):
     cfg = config(name, loss_agg=mode)
     b = batch
     R, tr, loss_mask = shape_rewards(
-        cfg, b["scores"], b["mask"], b["lengths"], b["truncated"], b["budget"], b["old_logp"], b["ref_logp"]
-    )
-    adv = advantages(cfg, R, tr, loss_mask, b["G"], b["baseline"])
+        cfg, *(b[k] for k in ("scores", "mask", "lengths", "truncated", "budget", "old_logp", "ref_logp")),
+        b["step_rewards"],
+    )  # fmt: skip
+    adv = advantages(cfg, R, tr, loss_mask, b["G"], b["baseline"], b["step_ends"])
     norm = Norm.of(loss_mask, b["budget"])
     full_in = b["logp"].clone().requires_grad_()
     full, _ = policy_loss(full_in, b["old_logp"], adv, loss_mask, cfg, norm, b["ref_logp"])

@@ -192,6 +192,8 @@ class Rollout:
     values: torch.Tensor | None = None  # [B, T] V_old(s_t) from the behaviour pass (actor-critic: bench/rl/value.py)
     returns: torch.Tensor | None = None  # [B, T] value targets R̂_t (actor-critic)
     macro_index: torch.Tensor | None = None  # [B, T] long: macro action of each token, −1 on padding (rl/segment.py)
+    step_rewards: torch.Tensor | None = None  # [B, T] the task's process rewards on each step's last token
+    step_ends: torch.Tensor | None = None  # [B, T] bool: the tokens where the task's steps end (process rewards)
 
     @property
     def size(self) -> int:

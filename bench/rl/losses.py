@@ -169,6 +169,38 @@ def return_to_go(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return torch.where(mask.bool(), r.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(r))
 
 
+def process_advantages(
+    step_rewards: torch.Tensor,
+    steps: torch.Tensor,
+    mask: torch.Tensor,
+    group_size: int,
+    eps: float = 1e-6,
+    unbiased: bool = True,
+) -> torch.Tensor:
+    """GRPO's process supervision (DeepSeekMath, Shao et al. 2024, §4.1.3): each step reward is normalised by the mean
+    and std of all step rewards of its group, r̃ = (r − mean R) / (std R + ε), and token t's advantage is the sum of
+    the normalised rewards of the steps that end at or after t, Â_t = Σ_{end(j) ≥ t} r̃_j ([B, T] -> [B, T]).
+
+    ``step_rewards`` [B, T]: each step's reward on its last token; ``steps`` [B, T] bool marks those tokens (a step
+    rewarded 0 is still a step). A group whose step rewards are all equal gives exactly 0. Tokens after a row's last
+    step get 0.
+    """
+    B, T = step_rewards.shape
+    assert B % group_size == 0, f"batch of {B} is not a whole number of groups of {group_size}"
+    s = steps.bool() & mask.bool()
+    r = torch.where(s, step_rewards, torch.zeros_like(step_rewards)).view(-1, group_size * T)  # [P, G·T]
+    sg = s.view(-1, group_size * T)
+    n = sg.sum(-1, keepdim=True)
+    mean = r.sum(-1, keepdim=True) / n.clamp(min=1)
+    dev = torch.where(sg, r - mean, torch.zeros_like(r))
+    var = dev.square().sum(-1, keepdim=True) / (n - int(unbiased)).clamp(min=1)
+    inf = torch.full_like(r, float("inf"))
+    constant = torch.where(sg, r, -inf).amax(-1, keepdim=True) <= torch.where(sg, r, inf).amin(-1, keepdim=True)
+    # all of a group's steps equal (or none): no signal, exactly 0 (not rounding error divided by ε)
+    norm = torch.where(constant, torch.zeros_like(dev), dev / (var.sqrt() + eps)).view(B, T)
+    return return_to_go(norm, mask)
+
+
 def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Place each sequence's score on its last unmasked token ([B], [B, T] -> [B, T])."""
     last = (mask.sum(-1).long() - 1).clamp(min=0)  # masks are prefixes

@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from bench.engine.policy import Reference, completion_logprobs
 from bench.engine.rollout import Rollout, generate, sample_seed
 from bench.rl.losses import Norm, terminal_rewards, zero_variance_groups
+from bench.rl.segment import step_token_rewards
 from bench.run.stats import binomial_se, mean_se, pass_at_k
 
 
@@ -70,6 +71,8 @@ class PolicyModule(L.LightningModule):
     """What the task's train dataloader yields: "prompts" (RL) or "demonstrations" (supervised)."""
     needs_reference: bool = False
     """Whether log π_ref is computed for each rollout (algorithms may make this a property of their config)."""
+    needs_process_rewards: bool = False
+    """Whether each completion's steps are scored by ``Task.process_rewards`` into ``Rollout.step_rewards``."""
     needs_entropy: bool = False
     """Whether the full-vocabulary entropy of π_old per token is stored on each rollout (``Rollout.entropy``),
     computed in the same forward as log π_old."""
@@ -356,6 +359,10 @@ class RLModule(PolicyModule):
         ro.correct = torch.tensor([self.task.is_correct(res) for res in results], device=self.device)
         names = sorted({k for res in results for k in res.components})
         ro.components = {k: torch.tensor([res.components.get(k, 0.0) for res in results]) for k in names}
+        if self.needs_process_rewards:
+            steps = [self.task.process_rewards(ro.examples[i // G], text) for i, text in enumerate(ro.texts)]
+            decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731  (as in decode())
+            ro.step_rewards, ro.step_ends = step_token_rewards(steps, ro.completion_ids, ro.mask, decode)
 
     def collect(self, batch: dict) -> tuple[Rollout, dict[str, float], Rollout]:
         """Generate and score P groups; with a group filter (DAPO's dynamic sampling), keep sampling fresh prompts

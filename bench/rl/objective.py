@@ -5,7 +5,9 @@ An algorithm is a ``PolicyGradientConfig``: one value for each choice below, eac
 can be overridden on the command line or swept. Dispatch is on the *choice's value* through small tables, never on an
 algorithm's name.
 
+    reward_shaping  outcome (the score on the last token) | process (the task's step rewards, Task.process_rewards)
     advantage     none | batch_mean | rloo | group | gpg | reinforce_pp | reinforce_pp_baseline | greedy_baseline
+                  | process (GRPO's process supervision, DeepSeekMath §4.1.3; needs reward_shaping=process)
     adv_scale     none | group_std | batch_std            (divisor of the group-centred reward, for group / gpg)
     ratio         none (plain log π) | token | sequence (GSPO) | sequence_token (GSPO-token) | sequence_mean (GRPO-S)
     trust_region  none | clip (ε_low, ε_high; symmetric when equal; a sequence clip with ratio=sequence) | sapo
@@ -28,14 +30,16 @@ from bench.rl import losses as L
 from bench.rl.module import AlgorithmConfig, RLModule
 
 Advantage = Literal[
-    "none", "batch_mean", "rloo", "group", "gpg", "reinforce_pp", "reinforce_pp_baseline", "greedy_baseline"
+    "none", "batch_mean", "rloo", "group", "gpg", "reinforce_pp", "reinforce_pp_baseline", "greedy_baseline", "process"
 ]
+RewardShaping = Literal["outcome", "process"]
 AdvScale = Literal["none", "group_std", "batch_std"]
 Ratio = Literal["none", "token", "sequence", "sequence_token", "sequence_mean"]
 TrustRegion = Literal["none", "clip", "sapo"]
 KLPlacement = Literal["none", "reward", "loss"]
 Truncation = Literal["keep", "mask", "overlong_penalty"]
 CHOICES = (
+    "reward_shaping",
     "advantage",
     "adv_scale",
     "ratio",
@@ -52,6 +56,9 @@ CHOICES = (
 class PolicyGradientConfig(AlgorithmConfig):
     """Every choice of the critic-free family. Algorithms subclass this and set their paper's defaults."""
 
+    reward_shaping: RewardShaping = "outcome"
+    """outcome: the task's score on the last token; process: the task's oracle step rewards (Task.process_rewards),
+    each on its step's last token, as the per-token rewards (critics, return-to-go) and R = their sum."""
     advantage: Advantage = "group"
     """Advantage estimator."""
     adv_scale: AdvScale = "group_std"
@@ -93,6 +100,8 @@ class PolicyGradientConfig(AlgorithmConfig):
                 f"trust_region={self.trust_region!r} needs an importance ratio; ratio='none' is the plain "
                 "log-probability surrogate: set trust_region=none or ratio=token"
             )
+        if self.advantage == "process" and self.reward_shaping != "process":
+            raise ValueError("advantage='process' normalises the task's step rewards: set reward_shaping=process")
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise ValueError("clip_eps_low and clip_eps_high must be >= 0")
 
@@ -100,8 +109,9 @@ class PolicyGradientConfig(AlgorithmConfig):
         return {f.name: str(getattr(self, f.name)) for f in fields(self) if f.name in CHOICES}
 
 
-# ---- advantages: (rewards [B], token_rewards [B, T], mask [B, T], G, cfg, baseline [B] | None) -> [B] or [B, T] ----
-def _group(r, tr, m, G, cfg, base):
+# ---- advantages: (rewards [B], token_rewards [B, T], mask [B, T], G, cfg, baseline [B] | None,
+#      step ends [B, T] | None) -> [B] or [B, T] ----
+def _group(r, tr, m, G, cfg, base, steps):
     if cfg.adv_scale == "batch_std":
         centred = L.group_advantages(r, G, "none")
         std = r.std(unbiased=cfg.adv_std_unbiased) if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
@@ -111,39 +121,47 @@ def _group(r, tr, m, G, cfg, base):
     )
 
 
-def _gpg(r, tr, m, G, cfg, base):
+def _gpg(r, tr, m, G, cfg, base, steps):
     """GPG: α·(r − mean_g r)/F, α = B/(B − M), M = samples in zero-variance groups, F = 1 or std."""
     B = r.shape[0]
     M = int(L.zero_variance_groups(r, G).sum()) * G
     alpha = B / (B - M) if M < B else 1.0
-    return alpha * _group(r, tr, m, G, cfg, base)
+    return alpha * _group(r, tr, m, G, cfg, base, steps)
 
 
-def _reinforce_pp(r, tr, m, G, cfg, base):
+def _reinforce_pp(r, tr, m, G, cfg, base, steps):
     """REINFORCE++: return-to-go of the per-token rewards (terminal score, KL in reward), whitened over the batch."""
     return L.whiten(L.return_to_go(tr, m), m)
 
 
-def _reinforce_pp_baseline(r, tr, m, G, cfg, base):
+def _reinforce_pp_baseline(r, tr, m, G, cfg, base, steps):
     """REINFORCE++-baseline: subtract the group mean of the scalar reward, then whiten over the batch's tokens."""
     centred = L.group_advantages(r, G, "none").unsqueeze(-1).expand_as(m)
     return L.whiten(centred, m)
 
 
+def _process(r, tr, m, G, cfg, base, steps):
+    """DeepSeekMath §4.1.3: step rewards normalised over the group, each token credited with the steps from it on."""
+    return L.process_advantages(tr, steps, m, G, cfg.adv_eps, cfg.adv_std_unbiased)
+
+
 ADVANTAGES: dict[str, Callable] = {
-    "none": lambda r, tr, m, G, cfg, base: r,
-    "batch_mean": lambda r, tr, m, G, cfg, base: r - r.mean(),
-    "rloo": lambda r, tr, m, G, cfg, base: L.rloo_advantages(r, G),
+    "none": lambda r, tr, m, G, cfg, base, steps: r,
+    "batch_mean": lambda r, tr, m, G, cfg, base, steps: r - r.mean(),
+    "rloo": lambda r, tr, m, G, cfg, base, steps: L.rloo_advantages(r, G),
     "group": _group,
     "gpg": _gpg,
     "reinforce_pp": _reinforce_pp,
     "reinforce_pp_baseline": _reinforce_pp_baseline,
-    "greedy_baseline": lambda r, tr, m, G, cfg, base: r - base,
+    "greedy_baseline": lambda r, tr, m, G, cfg, base, steps: r - base,
+    "process": _process,
 }
 
 
-def advantages(cfg: PolicyGradientConfig, rewards, token_rewards, mask, group_size, baseline=None) -> torch.Tensor:
-    return ADVANTAGES[cfg.advantage](rewards, token_rewards, mask, group_size, cfg, baseline)
+def advantages(
+    cfg: PolicyGradientConfig, rewards, token_rewards, mask, group_size, baseline=None, steps=None
+) -> torch.Tensor:
+    return ADVANTAGES[cfg.advantage](rewards, token_rewards, mask, group_size, cfg, baseline, steps)
 
 
 # ---- the surrogate ---------------------------------------------------------------------------------------------
@@ -224,6 +242,10 @@ class PolicyGradient(RLModule):
             return None
         return ~L.zero_variance_groups(ro.scores, ro.group_size)  # DAPO: 0 < #correct < G
 
+    @property
+    def needs_process_rewards(self) -> bool:
+        return self.acfg.reward_shaping == "process"
+
     def shape_rewards(self, ro: Rollout) -> None:
         ro.rewards, ro.token_rewards, ro.loss_mask = shape_rewards(
             self.acfg,
@@ -234,30 +256,47 @@ class PolicyGradient(RLModule):
             self.cfg.rollout.max_new_tokens,
             ro.old_logp,
             ro.ref_logp,
+            ro.step_rewards,
         )
 
     def advantages(self, ro: Rollout) -> torch.Tensor:
-        return advantages(self.acfg, ro.rewards, ro.token_rewards, ro.loss_mask, ro.group_size, ro.baseline)
+        return advantages(
+            self.acfg, ro.rewards, ro.token_rewards, ro.loss_mask, ro.group_size, ro.baseline, ro.step_ends
+        )
 
     def loss(self, rows, logp, norm):
         return policy_loss(logp, rows["old_logp"], rows["adv"], rows["mask"], self.acfg, norm, rows.get("ref_logp"))
 
 
 def shape_rewards(
-    cfg: PolicyGradientConfig, scores, mask, lengths, truncated, budget: int, old_logp=None, ref_logp=None
+    cfg: PolicyGradientConfig,
+    scores,
+    mask,
+    lengths,
+    truncated,
+    budget: int,
+    old_logp=None,
+    ref_logp=None,
+    step_rewards=None,
 ):
     """scores [B] -> (sequence returns R [B], per-token rewards [B, T], loss mask [B, T]).
 
-    Order: clip the score; truncation policy (mask truncated rows out of the loss, or add DAPO's overlong penalty);
-    KL in the reward: r_t −= β·KL_t (sg, from π_old vs π_ref), so R_i = score_i − β Σ_t KL_{i,t}.
+    Order: clip the score (with reward_shaping=process: each step reward, ``step_rewards`` [B, T], in place of the
+    terminal score); truncation policy (mask truncated rows out of the loss, or add DAPO's overlong penalty on the
+    last token); KL in the reward: r_t −= β·KL_t (sg, from π_old vs π_ref), so R_i = Σ_t r_{i,t}.
     """
-    r = scores if cfg.reward_clip is None else scores.clamp(-cfg.reward_clip, cfg.reward_clip)
+    clip = (lambda x: x) if cfg.reward_clip is None else (lambda x: x.clamp(-cfg.reward_clip, cfg.reward_clip))
+    process = cfg.reward_shaping == "process"
+    r = torch.zeros_like(scores) if process else clip(scores)
     loss_mask = mask
     if cfg.truncation == "overlong_penalty":
         r = r + L.overlong_penalty(lengths, budget, cfg.overlong_buffer).to(r)
     elif cfg.truncation == "mask":
         loss_mask = mask * (~truncated).unsqueeze(-1).to(mask)
     token_rewards = L.terminal_rewards(r, mask)
+    if process:
+        m = mask.bool()
+        token_rewards = token_rewards + torch.where(m, clip(step_rewards).to(token_rewards), 0.0)
     if cfg.kl_placement == "reward" and cfg.beta > 0:
         kl = L.kl_estimate(old_logp, ref_logp, cfg.kl_estimator)
         token_rewards = token_rewards - cfg.beta * torch.where(mask.bool(), kl, torch.zeros_like(kl))

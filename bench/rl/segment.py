@@ -158,3 +158,26 @@ def task_starts(
         for t in char_offsets_to_tokens(ids[:L], offsets, decode):
             starts[i, t] = True
     return starts.to(mask.device)
+
+
+def step_token_rewards(
+    steps: Sequence[Sequence[tuple[int, float]]],
+    completion_ids: torch.Tensor,
+    mask: torch.Tensor,
+    decode: Callable[[list[int]], str],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Process rewards (``Task.process_rewards``: per row, (character offset of a step's last character, reward))
+    placed on the token that holds that character -> (rewards [B, T] float, step ends [B, T] bool). Two steps ending
+    in one token add up; a step past the decoded completion is dropped. ``decode`` as in :func:`task_starts`."""
+    rewards = torch.zeros(mask.shape, dtype=torch.float32)
+    ends = torch.zeros(mask.shape, dtype=torch.bool)
+    lengths = mask.bool().sum(-1).tolist()
+    for i, (row, ids, L) in enumerate(zip(steps, completion_ids.cpu().tolist(), lengths, strict=True)):
+        if not row:
+            continue
+        row = sorted(row)
+        tokens = char_offsets_to_tokens(ids[:L], [c for c, _ in row], decode)  # drops only the offsets past the end
+        for t, (_, r) in zip(tokens, row[: len(tokens)], strict=True):
+            rewards[i, t] += r
+            ends[i, t] = True
+    return rewards.to(mask.device), ends.to(mask.device)

@@ -4,6 +4,7 @@ performance profiles and probability of improvement. Each function writes one PN
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -12,6 +13,10 @@ import numpy as np
 from bench.run import stats as S
 
 KINDS = ("final", "auc")
+
+
+def _natural(text: str) -> list:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
 
 
 def _plt():
@@ -29,11 +34,23 @@ def _style(i: int):
     return colours[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20], ["-", "--", ":", "-."][(i // 10) % 4]
 
 
+def _panels(n: int, width: float = 7, height: float = 5):
+    """A figure of n panels, at most 4 per row (a sweep with many settings wraps instead of growing wide)."""
+    plt = _plt()
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
 def plot(groups: list, axis: str, metric: str, path: Path) -> None:
     plt = _plt()
-    tasks = sorted({g.task for g in groups if g.runs})
-    fig, axes = plt.subplots(1, len(tasks), figsize=(7 * len(tasks), 5), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
+    tasks = sorted({g.task for g in groups if g.runs}, key=_natural)
+    fig, axes = _panels(len(tasks))
+    for ax, task in zip(axes, tasks, strict=True):
         for i, g in enumerate(sorted((g for g in groups if g.task == task and g.runs), key=lambda g: g.variant)):
             steps = sorted(set.intersection(*(set(r.curve) for r in g.runs)))
             ys = [[r.curve[s] for s in steps] for r in g.runs]
@@ -60,9 +77,9 @@ def plot_fits(groups: list, fitted: dict[str, dict], axis: str, metric: str, pat
     """Each seed's evaluations and the fitted sigmoid per variant, compute on a log axis (as ScaleRL draws them; the
     start at C = 0 is the dashed line R0)."""
     plt = _plt()
-    tasks = sorted({g.task for g in groups if g.runs})
-    fig, axes = plt.subplots(1, len(tasks), figsize=(7 * len(tasks), 5), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
+    tasks = sorted({g.task for g in groups if g.runs}, key=_natural)
+    fig, axes = _panels(len(tasks))
+    for ax, task in zip(axes, tasks, strict=True):
         r0 = None
         for i, g in enumerate(sorted((g for g in groups if g.task == task and g.runs), key=lambda g: g.variant)):
             colour, style = _style(i)
@@ -143,9 +160,9 @@ def plot_differences(curves: dict[str, tuple[str, dict]], metric: str, path: Pat
     """Per task, each variant minus the baseline at every evaluation, paired by seed and problem, with its 95%
     interval: where the curves of `curves_step.png` overlap, this shows whether the gap is real."""
     plt = _plt()
-    tasks = sorted(t for t, (_, c) in curves.items() if c)
-    fig, axes = plt.subplots(1, len(tasks), figsize=(7 * len(tasks), 5), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
+    tasks = sorted((t for t, (_, c) in curves.items() if c), key=_natural)
+    fig, axes = _panels(len(tasks))
+    for ax, task in zip(axes, tasks, strict=True):
         baseline, per_variant = curves[task]
         for i, (variant, points) in enumerate(sorted(per_variant.items())):
             colour, style = _style(i)
@@ -158,6 +175,45 @@ def plot_differences(curves: dict[str, tuple[str, dict]], metric: str, path: Pat
         ax.set_ylabel(f"Δ held-out {metric}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_settings(points: list[dict], knob: str, metric: str, path: Path) -> None:
+    """Credit-horizon curves: per task, the final held-out value (mean over seeds, 95% t interval) and the samples
+    to the threshold (mean over the seeds that reached it; the share that did beside each point) against the
+    setting ``knob`` (e.g. horizon), one line per variant."""
+    plt = _plt()
+    tasks = sorted({p["task"] for p in points})
+    fig, axes = _panels(2 * len(tasks), width=6.5, height=4.5)
+    for j, task in enumerate(tasks):
+        ax_f, ax_s = axes[2 * j], axes[2 * j + 1]
+        mine = [p for p in points if p["task"] == task]
+        for i, v in enumerate(sorted({p["variant"] for p in mine})):
+            colour, style = _style(i)
+            ps = sorted((p for p in mine if p["variant"] == v), key=lambda p: p["x"])
+            xs = [p["x"] for p in ps]
+            ax_f.errorbar(xs, [p["final"] for p in ps], yerr=[p["final_ci95"] for p in ps], fmt="o" + style,
+                          color=colour, capsize=3, label=v)  # fmt: skip
+            reached = [p for p in ps if p["reached"] > 0]
+            ax_s.plot([p["x"] for p in reached], [p["samples_to_threshold"] for p in reached], "o" + style,
+                      color=colour, label=v)  # fmt: skip
+            for p in reached:
+                if p["reached"] < p["seeds"]:
+                    ax_s.annotate(f"{p['reached']}/{p['seeds']}", (p["x"], p["samples_to_threshold"]), fontsize=6,
+                                  color=colour, xytext=(3, 3), textcoords="offset points")  # fmt: skip
+        for ax in (ax_f, ax_s):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel(f"{knob} (log scale)")
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=7)
+        thr = mine[0]["threshold"]
+        ax_f.set_title(f"{task}: final held-out {metric} (95% CI over seeds)")
+        ax_f.set_ylabel(f"final {metric}")
+        ax_s.set_title(f"{task}: samples until {metric} >= {thr:g} (n/N: seeds that got there)")
+        ax_s.set_ylabel("samples generated")
+        ax_s.set_yscale("log")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

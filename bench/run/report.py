@@ -40,7 +40,7 @@ from bench import ROOT
 from bench.config import ConfigError, config_hash
 from bench.registry import did_you_mean
 from bench.run import stats as S
-from bench.run.plots import plot, plot_differences, plot_fits, plot_rliable
+from bench.run.plots import plot, plot_differences, plot_fits, plot_rliable, plot_settings
 from bench.run.sweep import Cell, Sweep, SweepSpec, load_plan
 from bench.tracking import git_commit
 
@@ -229,6 +229,11 @@ def collect(sweep: Sweep, metric: str) -> tuple[list[RunStats], list[Cell]]:
     return out, missing
 
 
+def _natural(text: str) -> list:
+    """Sort key that orders numbers by value: "chain horizon=2" before "chain horizon=16"."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
+
+
 def eval_settings(cell: Cell) -> str:
     """What decides a held-out number: the eval section and the task's evaluation split and size."""
     task = cell.cfg.task
@@ -236,15 +241,15 @@ def eval_settings(cell: Cell) -> str:
     return config_hash({"eval": cell.cfg.eval} | {k: task.get(k) for k in keys}) + str(cell.cfg.rollout.max_new_tokens)
 
 
-def variants(cells: list[Cell]) -> dict[str, str]:
-    """Cell id -> its row label: the algorithm, plus each other axis (not task or seed) whose value varies among that
-    algorithm's cells (an axis held fixed for an algorithm by the excludes says nothing about it)."""
+def variants(cells: list[Cell], settings: list[str] = ()) -> dict[str, str]:
+    """Cell id -> its row label: the algorithm, plus each other axis (not task, seed or a report setting) whose value
+    varies among that algorithm's cells (an axis held fixed for an algorithm by the excludes says nothing about it)."""
 
     def algo(c: Cell) -> str:
         return str(c.axes.get("algorithm", c.cfg.algorithm.name))
 
     varying = {
-        a: [k for k in cells[0].axes if k not in ("task", "seed", "algorithm")
+        a: [k for k in cells[0].axes if k not in ("task", "seed", "algorithm", *settings)
             and len({str(c.axes[k]) for c in cells if algo(c) == a}) > 1]
         for a in {algo(c) for c in cells}
     }  # fmt: skip
@@ -254,10 +259,10 @@ def variants(cells: list[Cell]) -> dict[str, str]:
 def group(runs: list[RunStats], cells: list[Cell], labels: dict[str, str]) -> list[Group]:
     groups: dict[tuple[str, str], Group] = {}
     for c in cells:
-        key = (c.cfg.task.name, labels[c.id])
+        key = (c.where, labels[c.id])
         groups.setdefault(key, Group(*key)).planned += 1
     for r in runs:
-        groups[(r.cell.cfg.task.name, labels[r.cell.id])].runs.append(r)
+        groups[(r.cell.where, labels[r.cell.id])].runs.append(r)
     return list(groups.values())
 
 
@@ -558,7 +563,7 @@ def statistics_rows(groups: list[Group], threshold: dict[str, float], agg: dict)
             for stat in ("mean", "iqm"):
                 point, lo, hi = agg.get((g.task, g.variant), {}).get(kind, {}).get(stat, (math.nan,) * 3)
                 row[f"{kind}_{stat}"], row[f"{kind}_{stat}_lo"], row[f"{kind}_{stat}_hi"] = point, lo, hi
-        for axis in ("step", "tokens"):
+        for axis in ("step", "samples", "tokens"):
             reached = [h for h in (r.to_threshold(threshold[g.task], axis) for r in rs) if h is not None]
             row[f"{axis}_to_threshold_mean"] = statistics.fmean(reached) if reached else math.nan
         row["reached"] = sum(r.to_threshold(threshold[g.task], "step") is not None for r in rs)
@@ -646,14 +651,14 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
     if moved:
         print(f"[report] {moved}")
     out.mkdir(parents=True, exist_ok=True)
-    labels = variants(cells)
+    labels = variants(cells, rep.settings)
     groups = group(runs, cells, labels)
-    tasks = sorted({g.task for g in groups})
+    tasks = sorted({g.task for g in groups}, key=_natural)
     algo_order = [str(a) for a in spec.axes.get("algorithm", [])]
     threshold = {
         t: rep.threshold
         if rep.threshold is not None
-        else round(statistics.fmean(r.curve[min(r.curve)] for r in runs if r.cell.cfg.task.name == t) + 0.05, 3)
+        else round(statistics.fmean(r.curve[min(r.curve)] for r in runs if r.cell.where == t) + 0.05, 3)
         for t in tasks
     }
     # rliable aggregates per task and over tasks
@@ -713,18 +718,27 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
     for ax_name in ("tokens", "samples"):
         plot_fits(groups, fitted[ax_name], ax_name, metric, out / f"compute_{ax_name}.png")
     images = plot_rliable(scores, agg_by_variant, pairs, metric, out) if scores["final"] else []
+    points = setting_points(groups, rows, rep.settings[0]) if rep.settings else []
+    if points:
+        knob = rep.settings[0].split(".")[-1]
+        plot_settings(points, knob, metric, out / f"settings_{knob}.png")
+        images.append(f"settings_{knob}.png")
+        with (out / "settings.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(points[0]))
+            w.writeheader()
+            w.writerows(points)
     if any(curves for _, curves in diff_curves.values()):
         plot_differences(diff_curves, metric, out / "differences.png")
         images.append("differences.png")
     parent = sweep.runs(role="sweep")
     driver = float(parent[0].data.tags.get("sweep.wall_clock_s", "nan")) if parent else math.nan
     text = _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, powers, noises, fitted, pairs,
-                    across, missing, uid_sets, metric, axis, images, overrides, driver)  # fmt: skip
+                    across, missing, uid_sets, metric, axis, images, overrides, driver, points)  # fmt: skip
     (out / "summary.md").write_text(text)
     if parent:
         pid = parent[0].info.run_id
         files = ["summary.csv", "comparisons.csv", "fits.csv", "runs.csv", *(f"curves_{a}.png" for a in X_AXES)]
-        files += ["compute_tokens.png", "compute_samples.png", *images]
+        files += ["compute_tokens.png", "compute_samples.png", *images] + ["settings.csv"] * bool(points)
         for f in files:
             sweep.client.log_artifact(pid, str(out / f), "report")
         # MLflow's markdown viewer shows only absolute http(s) images (relative links and data: URIs are dropped), so
@@ -749,7 +763,7 @@ def _write_csvs(out, rows, runs, labels, threshold, comparisons, fitted) -> None
         w.writerow(["task", "variant", "seed", "cell", "run_id", "final", "best", "auc", "steps_to_threshold",
                     "tokens_to_threshold", "completion_len", "tokens_per_s", "s_per_step", "wall_clock_s"])  # fmt: skip
         for r in runs:
-            t = r.cell.cfg.task.name
+            t = r.cell.where
             w.writerow([t, labels[r.cell.id], r.cell.cfg.seed, r.cell.id, r.run_id, r.final, r.best, r.auc,
                         r.to_threshold(threshold[t], "step"), r.to_threshold(threshold[t], "tokens"),
                         r.completion_len, r.tokens_per_s, r.s_per_step, r.wall_clock_s])  # fmt: skip
@@ -778,8 +792,54 @@ def _write_csvs(out, rows, runs, labels, threshold, comparisons, fitted) -> None
                                 fit.determined, fit.reason, fit.points])  # fmt: skip
 
 
+def setting_points(groups: list[Group], rows: list[dict], knob: str) -> list[dict]:
+    """One point per (task, variant, value of the setting axis ``knob``): the final value with its 95% t interval
+    and the samples to the threshold, for the setting curves (e.g. accuracy against the credit horizon)."""
+    by_key = {(r["task"], r["variant"]): r for r in rows}
+    out = []
+    for g in groups:
+        if not g.runs or knob not in g.runs[0].cell.axes:
+            continue
+        c, r = g.runs[0].cell, by_key[(g.task, g.variant)]
+        out.append({"task": c.cfg.task.name, "variant": g.variant, "x": float(c.axes[knob]), "seeds": r["seeds"],
+                    "final": r["final_mean"], "final_ci95": r["final_ci95"], "auc": r["auc_mean"],
+                    "auc_ci95": r["auc_ci95"], "samples_to_threshold": r["samples_to_threshold_mean"],
+                    "reached": r["reached"], "threshold": r["threshold"]})  # fmt: skip
+    return sorted(out, key=lambda p: (p["task"], p["variant"], p["x"]))
+
+
+def _setting_lines(points: list[dict], knob: str, metric: str) -> list[str]:
+    """The setting curves as tables: per task, variants down, the knob's values across."""
+    lines = [f"## Against {knob}", "", f"Final held-out {metric}, mean over seeds [95% t interval], and in brackets "
+             "the mean samples until the threshold (n/N seeds that reached it). Each setting's own section below "
+             "compares the variants with the baseline, paired by seed; the picture is "
+             f"[settings_{knob}.png](settings_{knob}.png).", ""]  # fmt: skip
+    for task in sorted({p["task"] for p in points}):
+        mine = [p for p in points if p["task"] == task]
+        xs = sorted({p["x"] for p in mine})
+        thr = mine[0]["threshold"]
+        head = " | ".join(f"{knob}={x:g}" for x in xs)
+        lines += [f"**{task}** (threshold {thr:g})", "", f"| variant | {head} |", "|---|" + "---:|" * len(xs)]
+        for v in sorted({p["variant"] for p in mine}):
+            at = {p["x"]: p for p in mine if p["variant"] == v}
+            cells_ = []
+            for x in xs:
+                p = at.get(x)
+                if p is None:
+                    cells_.append("–")
+                    continue
+                lo, hi = p["final"] - p["final_ci95"], p["final"] + p["final_ci95"]
+                ci = "" if math.isnan(p["final_ci95"]) else f" [{lo:.2f}, {hi:.2f}]"
+                sam = _big(p["samples_to_threshold"])
+                cells_.append(f"{p['final']:.3f}{ci} ({sam}, {p['reached']}/{p['seeds']})")
+            lines.append(f"| {v} | " + " | ".join(cells_) + " |")
+        lines.append("")
+    lines += [f"![final value and samples to threshold against {knob}](settings_{knob}.png)", ""]
+    return lines
+
+
 def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, powers, noises, fitted, pairs, across,
-             missing, uid_sets, metric, axis, images, overrides, driver) -> str:  # fmt: skip
+             missing, uid_sets, metric, axis, images, overrides, driver, points=()) -> str:  # fmt: skip
     rep = spec.report
     method = {"holm": "Holm", "bh": "Benjamini-Hochberg"}[rep.correction]
     baseline_of = {c.task: c.baseline for c in comparisons}
@@ -793,7 +853,7 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
     if spec.description.strip():
         lines += [f"Purpose (sweep file): {spec.description.strip()}", ""]
     for t in tasks:
-        tc = [c for c in cells if c.cfg.task.name == t]
+        tc = [c for c in cells if c.where == t]
         lines += [f"- **{t}** (from the cells' resolved configs): {what_ran(tc, uid_sets[t])}"]
     changing = [o for o in overrides if not o.startswith(RUN_ONLY_KEYS)]
     if changing:
@@ -821,9 +881,11 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
         "detectable one stated at the top.",
         "",
     ]
+    if points:
+        lines += _setting_lines(list(points), spec.report.settings[0].split(".")[-1], metric)
     for t in tasks:
         lines += [f"## {t}", ""]
-        settings = {eval_settings(c) for c in cells if c.cfg.task.name == t}
+        settings = {eval_settings(c) for c in cells if c.where == t}
         if len(settings) > 1:
             lines += [f"**Warning: the cells of {t} use {len(settings)} different evaluation settings; their "
                       "held-out numbers are not comparable.**", ""]  # fmt: skip

@@ -92,6 +92,9 @@ class ReportSpec:
     """Bootstrap replicates (rliable aggregates, probability of improvement, noise decomposition)."""
     fit_reps: int = 100
     """Seed-bootstrap refits behind the compute-curve fits' CIs."""
+    settings: list[str] = field(default_factory=list)
+    """Axes whose values are separate settings, each analysed like a task of its own (its own baseline comparisons
+    and power), e.g. [task.horizon]; the first is the x-axis of the report's setting curves (horizon.png)."""
     ui_url: str | None = None
     """The MLflow UI's address, for the images of the report copy logged to the parent run (MLflow's markdown viewer
     shows only absolute image links); None: the tracking server when it is one, else http://127.0.0.1:5000 (make ui)."""
@@ -107,6 +110,9 @@ class SweepSpec:
     """key=value applied to every cell (after conf/, before the axis values)."""
     exclude: list[Any] = field(default_factory=list)
     """Cells to skip: each a mapping of axis -> value (all must match)."""
+    algorithm_overrides: dict[str, list[str]] = field(default_factory=dict)
+    """Algorithm -> key=value applied to its cells only, after the shared overrides (e.g. gtpo: the normalisation
+    and dynamic sampling its comparison needs)."""
     experiment: str | None = None
     """MLflow experiment; None: sweep-<name>."""
     launcher: str = "local"
@@ -165,6 +171,8 @@ class Cell:
     cfg: DictConfig
     id: str
     name: str
+    where: str = ""
+    """The setting the report analyses it in: the task, plus the values of report.settings axes."""
 
     @property
     def label(self) -> str:
@@ -180,7 +188,8 @@ def plan(spec: SweepSpec, extra: list[str] = ()) -> list[Cell]:
         if any(all(str(axes.get(k)) == str(v) for k, v in ex.items()) for ex in spec.exclude):
             continue
         args = [_arg(k, v) for k, v in axes.items() if k in SELECTOR_AXES]
-        args += list(spec.overrides) + [_arg(k, v) for k, v in axes.items() if k not in SELECTOR_AXES] + list(extra)
+        args += list(spec.overrides) + list(spec.algorithm_overrides.get(str(axes.get("algorithm")), []))
+        args += [_arg(k, v) for k, v in axes.items() if k not in SELECTOR_AXES] + list(extra)
         try:
             cfg = compose(args)
         except ConfigError as e:
@@ -192,7 +201,8 @@ def plan(spec: SweepSpec, extra: list[str] = ()) -> list[Cell]:
         seen[cid] = axes
         name = "-".join(str(axes[k]) for k in ("task", "algorithm") if k in axes) or cfg.algorithm.name
         name += "".join(f"-{k.split('.')[-1]}={v}" for k, v in axes.items() if k not in (*SELECTOR_AXES, "seed"))
-        cells.append(Cell(axes, cfg, cid, f"{name}-s{cfg.seed}"))
+        where = cfg.task.name + "".join(f" {k.split('.')[-1]}={axes[k]}" for k in spec.report.settings if k in axes)
+        cells.append(Cell(axes, cfg, cid, f"{name}-s{cfg.seed}", where))
     if not cells:
         raise ConfigError(f"sweep {spec.name}: the grid is empty (every cell excluded?)")
     return cells

@@ -26,6 +26,7 @@ from bench import ROOT
 from bench.config import ConfigError, compose, config_hash, flatten, to_yaml
 from bench.engine.policy import Reference, load_policy
 from bench.registry import ALGORITHMS, TASKS
+from bench.task import Task
 from bench.tracking import BenchLogger, artifact_root, git_commit, tracking_uri
 
 # Keys that do not change what a run computes: excluded from the SFT cache key.
@@ -196,6 +197,12 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
         batch_size=obj.train.batch_size,
     )
     module = algo_cls(obj, policy, tokenizer, dm)
+    if module.needs_process_rewards and task_cls.process_rewards is Task.process_rewards:
+        have = [n for n in TASKS.names() if TASKS.get(n).process_rewards is not Task.process_rewards]
+        raise ConfigError(
+            f"algorithm.reward_shaping=process needs the task's step rewards, but task {cfg.task.name!r} has no "
+            f"process_rewards; tasks that have them: {', '.join(have)}. Use algorithm.reward_shaping=outcome."
+        )
     if module.needs_reference:
         module.reference = Reference(policy)
 

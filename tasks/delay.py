@@ -1,0 +1,135 @@
+"""Delay: one rewarded decision inside L tokens of irrelevant filler (a credit-assignment probe).
+
+In the spirit of bsuite (Osband et al. 2019): one difficulty behind one knob. A completion is L filler letters and
+one digit, the answer to a sub-problem of the prompt; ``position`` says whether the digit comes after the filler
+(``end``: the decision is made late) or before it (``start``: the reward arrives L tokens after the decision). The
+filler is random letters in every demonstration, so the warm start writes high-entropy, irrelevant tokens: every
+sequence-level method multiplies their log-probabilities by the decision's advantage, so L tokens of pure noise join
+the gradient, and the loss aggregation decides their weight against the decision's (token-mean: 1/(L+1) of a
+sequence's loss is the decision; seq-mean-token-sum: all of it; constant: a fixed share). A critic or the
+process-reward oracle (the reward on the decision token itself) can give the filler zero credit.
+
+One literal record (L = 6, position = end), prompt and gold completion for the character-level tiny model::
+
+    Example(uid="delay-test-0", question="q", answer=3)
+    prompt "delay q\\n"  ->  completion "xwhzkb3"
+
+Sub-problem and demonstrator as in ``chain`` (a letter answered by its digit in a fixed code; an error-rate knob
+makes the demonstrator unreliable on a hash-chosen share of the 26 letters, so the warm start's greedy answer is
+wrong there). The optimal policy (any L letters and the right digit, in the order ``position`` says) scores 1 at
+every L.
+
+Reward in one sentence: 1 iff the completion is exactly L ASCII lowercase letters and the right digit in the order
+``position`` says; components ``correct`` (= score), ``decision`` (the digit is right, wherever it is), ``format``.
+
+version = "1"
+    1: initial version.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+from dataclasses import dataclass
+from typing import Literal
+
+from bench.task import Example, RewardResult, Split, Task
+from tasks.chain import LETTERS, ProbeConfig, answer, unreliable, wrong_answer
+
+MAX_SCAN_CHARS = 512
+"""Only this prefix of a completion is read (L <= 256)."""
+_DIGIT = re.compile(r"[0-9]")
+
+
+@dataclass
+class DelayConfig(ProbeConfig):
+    name: str = "delay"
+    """Registry name of the task."""
+    horizon: int = 16
+    """L: filler letters beside the decision (the knob every probe names ``horizon``)."""
+    position: Literal["end", "start"] = "end"
+    """end: the digit follows the filler; start: the digit comes first, the filler after it."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.horizon <= 256:
+            raise ValueError(f"task.horizon (L, the filler length) must be in 0..256, got {self.horizon}")
+        if self.position not in ("end", "start"):
+            raise ValueError(f"task.position must be end or start, got {self.position!r}")
+
+
+class Delay(Task):
+    Config = DelayConfig
+    version = "1"
+    description = "Credit probe: one rewarded digit among L random filler letters (knob L, decision at start or end)"
+
+    cfg: DelayConfig
+
+    def load_split(self, split: Split) -> list[Example]:
+        c = self.cfg
+        n = c.num_train_problems if split == "train" else c.num_test_problems
+        rng = random.Random(f"delay/{c.gen_seed}/{split}")
+        out = []
+        for i in range(n):
+            x = rng.choice(LETTERS)
+            wrong = unreliable(x, c.error_rate, c.gen_seed) and rng.random() < c.error_strength
+            digit = wrong_answer(x, c.gen_seed) if wrong else answer(x, c.gen_seed)
+            letters = "".join(rng.choice(string.ascii_lowercase) for _ in range(c.horizon))
+            out.append(
+                Example(
+                    uid=f"delay-{split}-{i}",
+                    question=x,
+                    answer=answer(x, c.gen_seed),
+                    demonstration=self._compose(letters, digit),
+                    data={"letter": x},
+                )
+            )
+        return out
+
+    def _compose(self, letters: str, digit: int) -> str:
+        return f"{letters}{digit}" if self.cfg.position == "end" else f"{digit}{letters}"
+
+    def gold_completion(self, example: Example) -> str:
+        return self._compose("x" * self.cfg.horizon, example.answer)
+
+    def instruction(self, example: Example) -> str:
+        where = "after" if self.cfg.position == "end" else "before"
+        code = " ".join(f"{x}={answer(x, self.cfg.gen_seed)}" for x in LETTERS)
+        return (
+            f"Each letter stands for a digit ({code}). Write exactly {self.cfg.horizon} lowercase letters, and "
+            f"{where} them the digit of {example.question}."
+        )
+
+    def plain_prompt(self, example: Example) -> str:
+        return f"delay {example.question}\n"
+
+    def _decision_index(self, text: str) -> int | None:
+        m = _DIGIT.search(text)
+        return None if m is None else m.start()
+
+    def reward(self, example: Example, completion: str) -> RewardResult:
+        text = completion[:MAX_SCAN_CHARS]
+        L = self.cfg.horizon
+        i = self._decision_index(text)
+        decision = float(i is not None and text[i] == str(example.answer))
+        if self.cfg.position == "end":
+            letters, digit = text[:L], text[L:]
+        else:
+            digit, letters = text[:1], text[1:]
+        fmt = float(len(letters) == L and all(ch in string.ascii_lowercase for ch in letters)
+                    and len(digit) == 1 and digit.isdigit() and len(text) == L + 1)  # fmt: skip
+        correct = float(fmt == 1.0 and digit == str(example.answer))
+        return RewardResult(score=correct, components={"correct": correct, "decision": decision, "format": fmt})
+
+    def segment(self, completion: str) -> list[int]:
+        """The filler and the decision are separate segments."""
+        i = self._decision_index(completion[:MAX_SCAN_CHARS])
+        cuts = {0} | ({i, i + 1} if i is not None else set())
+        return sorted(c for c in cuts if c < len(completion))
+
+    def process_rewards(self, example: Example, completion: str) -> list[tuple[int, float]]:
+        """The oracle: one step, the decision digit, carrying the whole score (0 or 1) on its own token; nothing when
+        the completion has no digit."""
+        i = self._decision_index(completion[:MAX_SCAN_CHARS])
+        return [] if i is None else [(i, self.reward(example, completion).score)]
