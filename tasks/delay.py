@@ -3,7 +3,8 @@
 In the spirit of bsuite (Osband et al. 2019): one difficulty behind one knob. A completion is L filler letters and
 one digit, the answer to a sub-problem of the prompt; ``position`` says whether the digit comes after the filler
 (``end``: the decision is made late) or before it (``start``: the reward arrives L tokens after the decision). The
-filler is random letters in every demonstration, so the warm start writes high-entropy, irrelevant tokens: every
+filler is random capital letters in every demonstration (capitals, so that it cannot be mistaken for the prompt's
+lower-case letter: with lower-case filler 200 SFT steps left the decision at chance), so the warm start writes high-entropy, irrelevant tokens: every
 sequence-level method multiplies their log-probabilities by the decision's advantage, so L tokens of pure noise join
 the gradient, and the loss aggregation decides their weight against the decision's (token-mean: 1/(L+1) of a
 sequence's loss is the decision; seq-mean-token-sum: all of it; constant: a fixed share). A critic or the
@@ -12,14 +13,14 @@ process-reward oracle (the reward on the decision token itself) can give the fil
 One literal record (L = 6, position = end), prompt and gold completion for the character-level tiny model::
 
     Example(uid="delay-test-0", question="q", answer=3)
-    prompt "delay q\\n"  ->  completion "xwhzkb3"
+    prompt "delay q\\n"  ->  completion "XWHZKB3"
 
 Sub-problem and demonstrator as in ``chain`` (a letter answered by its digit in a fixed code; an error-rate knob
 makes the demonstrator unreliable on a hash-chosen share of the 26 letters, so the warm start's greedy answer is
-wrong there). The optimal policy (any L letters and the right digit, in the order ``position`` says) scores 1 at
+wrong there). The optimal policy (any L capital letters and the right digit, in the order ``position`` says) scores 1 at
 every L.
 
-Reward in one sentence: 1 iff the completion is exactly L ASCII lowercase letters and the right digit in the order
+Reward in one sentence: 1 iff the completion is exactly L ASCII capital letters and the right digit in the order
 ``position`` says; components ``correct`` (= score), ``decision`` (the digit is right, wherever it is), ``format``.
 
 version = "1"
@@ -75,7 +76,7 @@ class Delay(Task):
             x = rng.choice(LETTERS)
             wrong = unreliable(x, c.error_rate, c.gen_seed) and rng.random() < c.error_strength
             digit = wrong_answer(x, c.gen_seed) if wrong else answer(x, c.gen_seed)
-            letters = "".join(rng.choice(string.ascii_lowercase) for _ in range(c.horizon))
+            letters = "".join(rng.choice(string.ascii_uppercase) for _ in range(c.horizon))
             out.append(
                 Example(
                     uid=f"delay-{split}-{i}",
@@ -91,13 +92,13 @@ class Delay(Task):
         return f"{letters}{digit}" if self.cfg.position == "end" else f"{digit}{letters}"
 
     def gold_completion(self, example: Example) -> str:
-        return self._compose("x" * self.cfg.horizon, example.answer)
+        return self._compose("X" * self.cfg.horizon, example.answer)
 
     def instruction(self, example: Example) -> str:
         where = "after" if self.cfg.position == "end" else "before"
         code = " ".join(f"{x}={answer(x, self.cfg.gen_seed)}" for x in LETTERS)
         return (
-            f"Each letter stands for a digit ({code}). Write exactly {self.cfg.horizon} lowercase letters, and "
+            f"Each letter stands for a digit ({code}). Write exactly {self.cfg.horizon} capital letters, and "
             f"{where} them the digit of {example.question}."
         )
 
@@ -117,7 +118,7 @@ class Delay(Task):
             letters, digit = text[:L], text[L:]
         else:
             digit, letters = text[:1], text[1:]
-        fmt = float(len(letters) == L and all(ch in string.ascii_lowercase for ch in letters)
+        fmt = float(len(letters) == L and all(ch in string.ascii_uppercase for ch in letters)
                     and len(digit) == 1 and digit.isdigit() and len(text) == L + 1)  # fmt: skip
         correct = float(fmt == 1.0 and digit == str(example.answer))
         return RewardResult(score=correct, components={"correct": correct, "decision": decision, "format": fmt})

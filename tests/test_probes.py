@@ -132,13 +132,13 @@ A = str(EXD.answer)
 B = str((EXD.answer + 1) % 10)
 
 DELAY_TABLE = [  # completion, score, decision right, format
-    ("abcdef" + A, 1.0, 1.0, 1.0),
-    ("abcdef" + B, 0.0, 0.0, 1.0),
-    ("abcde" + A, 0.0, 1.0, 0.0),  # one letter short
-    ("abcdefg" + A, 0.0, 1.0, 0.0),  # one letter too many: the right digit (the decision) in the wrong place
-    ("abcdef" + A + "x", 0.0, 1.0, 0.0),
-    ("ABCDEF" + A, 0.0, 1.0, 0.0),  # upper case is not filler
-    (A + "abcdef", 0.0, 1.0, 0.0),  # right digit, wrong position
+    ("ABCDEF" + A, 1.0, 1.0, 1.0),
+    ("ABCDEF" + B, 0.0, 0.0, 1.0),
+    ("ABCDE" + A, 0.0, 1.0, 0.0),  # one letter short
+    ("ABCDEFG" + A, 0.0, 1.0, 0.0),  # one letter too many: the right digit (the decision) in the wrong place
+    ("ABCDEF" + A + "X", 0.0, 1.0, 0.0),
+    ("abcdef" + A, 0.0, 1.0, 0.0),  # lower case is not filler
+    (A + "ABCDEF", 0.0, 1.0, 0.0),  # right digit, wrong position
     ("", 0.0, 0.0, 0.0),
     ("\x00" * 100, 0.0, 0.0, 0.0),
     ("garbage " * 12_500, 0.0, 0.0, 0.0),
@@ -170,10 +170,10 @@ def test_delay_segments_and_start_position():
     task = make("delay", "task.horizon=6", "task.position=start")
     ex = task.eval_examples()[0]
     a = str(ex.answer)
-    assert task.reward(ex, a + "abcdef").score == 1.0 and task.reward(ex, "abcdef" + a).score == 0.0
-    assert task.segment(a + "abcdef") == [0, 1]
-    assert DELAY.segment("abcdef" + A) == [0, 6]
-    assert DELAY.process_rewards(EXD, "abcdef" + B) == [(6, 0.0)] and DELAY.process_rewards(EXD, "abc") == []
+    assert task.reward(ex, a + "ABCDEF").score == 1.0 and task.reward(ex, "ABCDEF" + a).score == 0.0
+    assert task.segment(a + "ABCDEF") == [0, 1]
+    assert DELAY.segment("ABCDEF" + A) == [0, 6]
+    assert DELAY.process_rewards(EXD, "ABCDEF" + B) == [(6, 0.0)] and DELAY.process_rewards(EXD, "ABC") == []
 
 
 # ---- the harness: step rewards on tokens, the process advantage, reward shaping --------------------------------

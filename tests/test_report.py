@@ -26,25 +26,26 @@ M = 300
 EFFECT = {"grpo": 0.0, "dr_grpo": 0.0, "dapo": 0.6}  # probit skill gained by the end of training
 
 
-def _sweep_file(tmp, name="synthetic", seeds=5):
+def _sweep_file(tmp, name="synthetic", seeds=5, axes=None, report=None):
     spec = {
         "name": name,
         "description": "synthetic runs of known effect",
-        "axes": {"algorithm": list(EFFECT), "seed": list(range(seeds))},
+        "axes": axes or {"algorithm": list(EFFECT), "seed": list(range(seeds))},
         "overrides": [
             f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}",
             f"output_dir={tmp / 'runs'}",
             f"task.num_eval={M}",
             "trainer.eval_every=10",
         ],  # fmt: skip
-        "report": {"out": str(tmp / "results" / name), "baseline": "grpo", "bootstrap_reps": 300, "fit_reps": 30},
-    }
+        "report": {"out": str(tmp / "results" / name), "baseline": "grpo", "bootstrap_reps": 300, "fit_reps": 30,
+                   **(report or {})},
+    }  # fmt: skip
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
 
-def _log_runs(tmp, path) -> dict:
+def _log_runs(tmp, path, effect=lambda cell: EFFECT[cell.cfg.algorithm.name]) -> dict:
     """One FINISHED MLflow run per planned cell: accuracy curves from a probit model (problem difficulty b_j, a
     per-seed skill shared by the variants of a seed, a variant's gain rising as a sigmoid in tokens) and the
     per-problem outcomes of every evaluation as artifacts, exactly as a training run logs them."""
@@ -65,7 +66,7 @@ def _log_runs(tmp, path) -> dict:
         metrics, tokens = [], 0.0
         for step in STEPS:
             tokens = step * 2500.0
-            gain = EFFECT[algo] / (1 + (1.0e5 / max(tokens, 1e-9)) ** 2.0) if step else 0.0
+            gain = effect(cell) / (1 + (1.0e5 / max(tokens, 1e-9)) ** 2.0) if step else 0.0
             theta = seed_skill[seed] + (noise if step else 0.0) + gain
             correct = (theta - b + rng.normal(0, 0.7, M) > 0).astype(int)
             rows = [{"uid": f"p{j}", "correct": int(c), "score": float(c), "length": 20} for j, c in enumerate(correct)]
@@ -218,3 +219,28 @@ def test_an_unknown_baseline_names_the_variants(synthetic):
     _, path, _, _ = synthetic
     with pytest.raises(ValueError, match=r"report.baseline 'ppo' has no finished runs on countdown; variants: "):
         report(str(path), ["sweep.report.baseline=ppo"])
+
+
+def test_settings_are_analysed_one_by_one_and_drawn_against_the_knob(tmp_path):
+    """report.settings = [task.horizon]: each horizon is its own analysis (DAPO's known effect, present only at
+    horizon 8, is found there and not at horizon 1), and settings.csv / the setting curves hold each variant's
+    final mean per horizon, equal to the mean over its runs in runs.csv."""
+    axes = {"algorithm": ["grpo", "dapo"], "task": ["chain"], "task.horizon": [1, 8], "seed": list(range(5))}
+    path = _sweep_file(tmp_path, "horizons", axes=axes, report={"settings": ["task.horizon"], "threshold": 0.5})
+    _log_runs(tmp_path, path, lambda c: 0.8 * (c.cfg.algorithm.name == "dapo" and c.cfg.task.horizon == 8))
+    summary = report(str(path)).read_text()
+    out = tmp_path / "results" / "horizons"
+    rows = list(csv.DictReader((out / "comparisons.csv").open()))
+    final = {r["task"]: r for r in rows if r["kind"] == "final"}
+    assert set(final) == {"chain horizon=1", "chain horizon=8"} and {r["variant"] for r in rows} == {"dapo"}
+    assert float(final["chain horizon=8"]["p_adjusted"]) < 0.05 and float(final["chain horizon=8"]["estimate"]) > 0.1
+    assert float(final["chain horizon=1"]["paired_lo"]) < 0 < float(final["chain horizon=1"]["paired_hi"])
+    points = list(csv.DictReader((out / "settings.csv").open()))
+    assert {(p["variant"], float(p["x"])) for p in points} == {(v, x) for v in ("grpo", "dapo") for x in (1.0, 8.0)}
+    runs = list(csv.DictReader((out / "runs.csv").open()))
+    for p in points:
+        where = f"chain horizon={float(p['x']):g}"
+        mine = [float(r["final"]) for r in runs if r["variant"] == p["variant"] and r["task"] == where]
+        assert len(mine) == 5 and float(p["final"]) == pytest.approx(statistics.fmean(mine))
+    assert (out / "settings_horizon.png").stat().st_size > 10_000
+    assert "## Against horizon" in summary and "| variant | horizon=1 | horizon=8 |" in summary

@@ -41,7 +41,7 @@ from bench.config import ConfigError, config_hash
 from bench.registry import did_you_mean
 from bench.run import stats as S
 from bench.run.plots import plot, plot_differences, plot_fits, plot_rliable, plot_settings
-from bench.run.sweep import Cell, Sweep, SweepSpec, load_plan
+from bench.run.sweep import Cell, Sweep, SweepSpec, load_plan, setting_name
 from bench.tracking import git_commit
 
 X_AXES = {"step": None, "samples": "eval/at_samples_seen", "tokens": "eval/at_tokens_generated"}
@@ -720,7 +720,7 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
     images = plot_rliable(scores, agg_by_variant, pairs, metric, out) if scores["final"] else []
     points = setting_points(groups, rows, rep.settings[0]) if rep.settings else []
     if points:
-        knob = rep.settings[0].split(".")[-1]
+        knob = setting_name(rep.settings[0])
         plot_settings(points, knob, metric, out / f"settings_{knob}.png")
         images.append(f"settings_{knob}.png")
         with (out / "settings.csv").open("w", newline="") as f:
@@ -882,7 +882,7 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
         "",
     ]
     if points:
-        lines += _setting_lines(list(points), spec.report.settings[0].split(".")[-1], metric)
+        lines += _setting_lines(list(points), setting_name(spec.report.settings[0]), metric)
     for t in tasks:
         lines += [f"## {t}", ""]
         settings = {eval_settings(c) for c in cells if c.where == t}

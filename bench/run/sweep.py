@@ -165,6 +165,11 @@ def _arg(key: str, value: Any) -> str:
     return f"{key}={text}"
 
 
+def setting_name(key: str) -> str:
+    """How a report.settings axis is named in the report: task.horizon -> horizon; other keys in full."""
+    return key.removeprefix("task.")
+
+
 @dataclass
 class Cell:
     axes: dict[str, Any]
@@ -201,7 +206,7 @@ def plan(spec: SweepSpec, extra: list[str] = ()) -> list[Cell]:
         seen[cid] = axes
         name = "-".join(str(axes[k]) for k in ("task", "algorithm") if k in axes) or cfg.algorithm.name
         name += "".join(f"-{k.split('.')[-1]}={v}" for k, v in axes.items() if k not in (*SELECTOR_AXES, "seed"))
-        where = cfg.task.name + "".join(f" {k.split('.')[-1]}={axes[k]}" for k in spec.report.settings if k in axes)
+        where = cfg.task.name + "".join(f" {setting_name(k)}={axes[k]}" for k in spec.report.settings if k in axes)
         cells.append(Cell(axes, cfg, cid, f"{name}-s{cfg.seed}", where))
     if not cells:
         raise ConfigError(f"sweep {spec.name}: the grid is empty (every cell excluded?)")
