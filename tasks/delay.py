@@ -4,11 +4,12 @@ In the spirit of bsuite (Osband et al. 2019): one difficulty behind one knob. A 
 one digit, the answer to a sub-problem of the prompt; ``position`` says whether the digit comes after the filler
 (``end``: the decision is made late) or before it (``start``: the reward arrives L tokens after the decision). The
 filler is random capital letters in every demonstration (capitals, so that it cannot be mistaken for the prompt's
-lower-case letter: with lower-case filler 200 SFT steps left the decision at chance), so the warm start writes high-entropy, irrelevant tokens: every
-sequence-level method multiplies their log-probabilities by the decision's advantage, so L tokens of pure noise join
-the gradient, and the loss aggregation decides their weight against the decision's (token-mean: 1/(L+1) of a
-sequence's loss is the decision; seq-mean-token-sum: all of it; constant: a fixed share). A critic or the
-process-reward oracle (the reward on the decision token itself) can give the filler zero credit.
+lower-case letter: with lower-case filler 200 SFT steps left the decision at chance), so the warm start writes
+high-entropy, irrelevant tokens: every sequence-level method multiplies their log-probabilities by the decision's
+advantage, so L tokens of pure noise join the gradient, and the loss aggregation decides their weight against the
+decision's (token-mean: 1/(L+1) of a sequence's loss is the decision; seq-mean-token-sum: all of it; constant: a
+fixed share). A critic or the process-reward oracle (the reward on the decision token itself) can give the filler
+zero credit.
 
 One literal record (L = 6, position = end), prompt and gold completion for the character-level tiny model::
 
