@@ -29,8 +29,9 @@ the right answer, so RL can find it. At error_rate 0 every demonstration is righ
 Data: generated from ``gen_seed``; train and test are independent draws (different streams), not disjoint sets: the
 skill being learnt is the fixed code of 26 letters, and at K = 1 there are only 26 distinct problems.
 
-version = "1"
+version = "2"
     1: initial version.
+    2: process rewards include the sub-answers a completion never wrote (reward 0 at its end).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class ChainConfig(ProbeConfig):
 
 class Chain(Task):
     Config = ChainConfig
-    version = "1"
+    version = "2"
     description = "Credit-horizon probe: K letter-to-digit lookups in one completion, rewarded only when all are right"
 
     cfg: ChainConfig
@@ -196,9 +197,13 @@ class Chain(Task):
         return [0] + [s for s, _ in token_spans(completion, self.cfg.horizon)[1:]]
 
     def process_rewards(self, example: Example, completion: str) -> list[tuple[int, float]]:
-        """The oracle's step rewards: each of the first K sub-answers is a step, rewarded 1/K when right and 0 when
-        wrong, on its last character (they sum to the partial score)."""
+        """The oracle's step rewards: each of the K sub-answers is a step, rewarded 1/K when right and 0 when wrong, on
+        its last character; a sub-answer the completion never wrote is a step rewarded 0 at the completion's end (the
+        token that stopped early carries it). The step rewards sum to the partial score."""
         k = len(example.answer)
         spans = token_spans(completion, k)
-        return [(end - 1, float(completion[start:end] == str(a)) / k)
-                for (start, end), a in zip(spans, example.answer, strict=False)]  # fmt: skip
+        steps = [(end - 1, float(completion[start:end] == str(a)) / k)
+                 for (start, end), a in zip(spans, example.answer, strict=False)]  # fmt: skip
+        # NOTE: without the missing steps, stopping early avoided every 0-reward step: GRPO-PS learnt to write fewer
+        # answers and collapsed (K = 4, seed 1: accuracy 0.74 -> 0.02, results/credit_horizon/README.md).
+        return steps + [(len(completion), 0.0)] * (k - len(spans))

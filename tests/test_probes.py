@@ -106,7 +106,8 @@ def test_chain_segments_and_process_rewards():
     assert task.process_rewards(EX3, WRONG_LAST) == [(0, 1 / 3), (2, 1 / 3), (4, 0.0)]
     a = EX3.answer  # " 12 a b c": the answers shift by one, each compared with the sub-problem at its place
     assert task.process_rewards(EX3, " 12 " + GOLD3) == [(2, 0.0), (4, (a[0] == a[1]) / 3), (6, (a[1] == a[2]) / 3)]
-    assert task.process_rewards(EX3, "") == []
+    assert task.process_rewards(EX3, "") == [(0, 0.0)] * 3  # answers never written: 0 each, at the end
+    assert task.process_rewards(EX3, GOLD3[:3]) == [(0, 1 / 3), (2, 1 / 3), (3, 0.0)]
 
 
 @settings(max_examples=200, deadline=None)
@@ -115,7 +116,7 @@ def test_chain_step_rewards_sum_to_the_partial_score(text):
     res = CHAIN.reward(EX3, text)
     steps = CHAIN.process_rewards(EX3, text)
     assert sum(r for _, r in steps) == pytest.approx(res.components["partial"])
-    assert all(0 <= c < len(text) and not text[c].isspace() for c, _ in steps)
+    assert len(steps) == 3 and all(c == len(text) or not text[c].isspace() for c, _ in steps)
 
 
 def test_chain_config_errors_name_the_key():
@@ -184,11 +185,15 @@ def test_step_rewards_land_on_the_token_that_ends_each_step():
     T = max(map(len, ids))
     completion = torch.tensor([i + [tok.pad_token_id] * (T - len(i)) for i in ids])
     mask = torch.tensor([[1.0] * len(i) + [0.0] * (T - len(i)) for i in ids])
-    steps = [[(0, 0.5), (4, 0.25), (2, 0.0)], [(0, 1.0), (9, 3.0)]]  # unsorted; an offset past the text is dropped
+    # unsorted; a step past the text (never reached) lands on the row's last token
+    steps = [[(0, 0.5), (4, 0.25), (2, 0.0)], [(9, 3.0), (0, 1.0)]]
     decode = lambda x: tok.decode(x, skip_special_tokens=True)  # noqa: E731
     r, ends = S.step_token_rewards(steps, completion, mask, decode)
-    assert r.tolist() == [[0.5, 0, 0.0, 0, 0.25], [1.0, 0, 0, 0, 0]]
+    assert r.tolist() == [[0.5, 0, 0.0, 0, 0.25], [4.0, 0, 0, 0, 0]]
     assert ends.tolist() == [[True, False, True, False, True], [True, False, False, False, False]]
+    with_eos = torch.cat([completion, torch.full((2, 1), tok.eos_token_id)], 1)
+    r, _ = S.step_token_rewards([[(5, 1.0)], []], with_eos, torch.cat([mask, torch.tensor([[1.0], [0.0]])], 1), decode)
+    assert r[0].tolist() == [0, 0, 0, 0, 0, 1.0]  # on the EOS that stopped it
 
 
 def test_process_advantages_hand_values():

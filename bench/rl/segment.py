@@ -168,16 +168,20 @@ def step_token_rewards(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Process rewards (``Task.process_rewards``: per row, (character offset of a step's last character, reward))
     placed on the token that holds that character -> (rewards [B, T] float, step ends [B, T] bool). Two steps ending
-    in one token add up; a step past the decoded completion is dropped. ``decode`` as in :func:`task_starts`."""
+    in one token add up; a step at or past the end of the decoded text (a step the completion never reached) goes on
+    its last generated token (the EOS, when it stopped). ``decode`` as in :func:`task_starts`."""
     rewards = torch.zeros(mask.shape, dtype=torch.float32)
     ends = torch.zeros(mask.shape, dtype=torch.bool)
     lengths = mask.bool().sum(-1).tolist()
     for i, (row, ids, L) in enumerate(zip(steps, completion_ids.cpu().tolist(), lengths, strict=True)):
         if not row:
             continue
+        if L == 0:
+            continue
         row = sorted(row)
         tokens = char_offsets_to_tokens(ids[:L], [c for c, _ in row], decode)  # drops only the offsets past the end
-        for t, (_, r) in zip(tokens, row[: len(tokens)], strict=True):
+        tokens += [L - 1] * (len(row) - len(tokens))
+        for t, (_, r) in zip(tokens, row, strict=True):
             rewards[i, t] += r
             ends[i, t] = True
     return rewards.to(mask.device), ends.to(mask.device)
