@@ -69,6 +69,14 @@ def wrong_answer(letter: str, seed: int) -> int:
     return (answer(letter, seed) + 1 + int(_hash_unit("wrong", seed, letter) * 9)) % 10
 
 
+def demonstrated(letter: str, cfg, rng: random.Random) -> int:
+    """The demonstrator's digit for a letter: on an unreliable letter the fixed wrong one with probability
+    ``cfg.error_strength`` (one draw from ``rng``, only then), else the right one."""
+    if unreliable(letter, cfg.error_rate, cfg.gen_seed) and rng.random() < cfg.error_strength:
+        return wrong_answer(letter, cfg.gen_seed)
+    return answer(letter, cfg.gen_seed)
+
+
 def parse(completion: str, k: int) -> list[str]:
     """The first K + 1 whitespace-separated tokens of the completion's bounded prefix (K + 1 to detect extras)."""
     return completion[:MAX_SCAN_CHARS].split(maxsplit=k + 1)[: k + 1]
@@ -148,7 +156,7 @@ class Chain(Task):
         out = []
         for i in range(n):
             letters = [rng.choice(LETTERS) for _ in range(c.horizon)]
-            demo = " ".join(str(self._demonstrated(x, rng)) for x in letters)
+            demo = " ".join(str(demonstrated(x, c, rng)) for x in letters)
             out.append(
                 Example(
                     uid=f"chain-{split}-{i}",
@@ -159,12 +167,6 @@ class Chain(Task):
                 )
             )
         return out
-
-    def _demonstrated(self, letter: str, rng: random.Random) -> int:
-        c = self.cfg
-        if unreliable(letter, c.error_rate, c.gen_seed) and rng.random() < c.error_strength:
-            return wrong_answer(letter, c.gen_seed)
-        return answer(letter, c.gen_seed)
 
     def gold_completion(self, example: Example) -> str:
         return " ".join(map(str, example.answer))  # the solver: right at every K, whatever the demonstrations say

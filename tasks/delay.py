@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bench.task import Example, RewardResult, Split, Task
-from tasks.chain import LETTERS, ProbeConfig, answer, unreliable, wrong_answer
+from tasks.chain import LETTERS, ProbeConfig, answer, demonstrated
 
 MAX_SCAN_CHARS = 512
 """Only this prefix of a completion is read (L <= 256)."""
@@ -75,8 +75,7 @@ class Delay(Task):
         out = []
         for i in range(n):
             x = rng.choice(LETTERS)
-            wrong = unreliable(x, c.error_rate, c.gen_seed) and rng.random() < c.error_strength
-            digit = wrong_answer(x, c.gen_seed) if wrong else answer(x, c.gen_seed)
+            digit = demonstrated(x, c, rng)
             letters = "".join(rng.choice(string.ascii_uppercase) for _ in range(c.horizon))
             out.append(
                 Example(

@@ -15,7 +15,8 @@ from bench.run import stats as S
 KINDS = ("final", "auc")
 
 
-def _natural(text: str) -> list:
+def natural_key(text: str) -> list:
+    """Sort key that orders numbers by value: "chain horizon=2" before "chain horizon=16"."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
 
 
@@ -48,7 +49,7 @@ def _panels(n: int, width: float = 7, height: float = 5):
 
 def plot(groups: list, axis: str, metric: str, path: Path) -> None:
     plt = _plt()
-    tasks = sorted({g.task for g in groups if g.runs}, key=_natural)
+    tasks = sorted({g.task for g in groups if g.runs}, key=natural_key)
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
         for i, g in enumerate(sorted((g for g in groups if g.task == task and g.runs), key=lambda g: g.variant)):
@@ -77,7 +78,7 @@ def plot_fits(groups: list, fitted: dict[str, dict], axis: str, metric: str, pat
     """Each seed's evaluations and the fitted sigmoid per variant, compute on a log axis (as ScaleRL draws them; the
     start at C = 0 is the dashed line R0)."""
     plt = _plt()
-    tasks = sorted({g.task for g in groups if g.runs}, key=_natural)
+    tasks = sorted({g.task for g in groups if g.runs}, key=natural_key)
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
         r0 = None
@@ -160,7 +161,7 @@ def plot_differences(curves: dict[str, tuple[str, dict]], metric: str, path: Pat
     """Per task, each variant minus the baseline at every evaluation, paired by seed and problem, with its 95%
     interval: where the curves of `curves_step.png` overlap, this shows whether the gap is real."""
     plt = _plt()
-    tasks = sorted((t for t, (_, c) in curves.items() if c), key=_natural)
+    tasks = sorted((t for t, (_, c) in curves.items() if c), key=natural_key)
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
         baseline, per_variant = curves[task]

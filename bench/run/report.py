@@ -40,7 +40,7 @@ from bench import ROOT
 from bench.config import ConfigError, config_hash
 from bench.registry import did_you_mean
 from bench.run import stats as S
-from bench.run.plots import plot, plot_differences, plot_fits, plot_rliable, plot_settings
+from bench.run.plots import natural_key, plot, plot_differences, plot_fits, plot_rliable, plot_settings
 from bench.run.sweep import Cell, Sweep, SweepSpec, load_plan, setting_name
 from bench.tracking import git_commit
 
@@ -227,11 +227,6 @@ def collect(sweep: Sweep, metric: str) -> tuple[list[RunStats], list[Cell]]:
             )
         )
     return out, missing
-
-
-def _natural(text: str) -> list:
-    """Sort key that orders numbers by value: "chain horizon=2" before "chain horizon=16"."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
 
 
 def eval_settings(cell: Cell) -> str:
@@ -653,7 +648,7 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
     out.mkdir(parents=True, exist_ok=True)
     labels = variants(cells, rep.settings)
     groups = group(runs, cells, labels)
-    tasks = sorted({g.task for g in groups}, key=_natural)
+    tasks = sorted({g.task for g in groups}, key=natural_key)
     algo_order = [str(a) for a in spec.axes.get("algorithm", [])]
     threshold = {
         t: rep.threshold
