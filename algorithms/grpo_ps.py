@@ -7,7 +7,9 @@ per right sub-answer), so this is GRPO's ceiling on a probe with known step rewa
     r̃_i^{index(j)} = (r_i^{index(j)} − mean(R)) / std(R)
     Â_{i,t} = Σ_{index(j) ≥ t} r̃_i^{index(j)}                                 (the steps from token t on)
 
-and otherwise GRPO's objective (Eq. 3: token clip ε = 0.2, k3 KL in the loss β = 0.04, seq-mean-token-mean).
+(``algorithm.step_discount`` γ < 1 weighs step k ≥ j by γ^{k−j}: γ = 0 credits each step with its own r̃, the
+oracle when the sub-problems are independent, as chain's are), and otherwise GRPO's objective (Eq. 3: token clip
+ε = 0.2, k3 KL in the loss β = 0.04, seq-mean-token-mean).
 Choices: reward_shaping=process, advantage=process; the rest as GRPO. Reference: ../shared/docs/algorithms.md (GRPO).
 
 Deviations from the paper
@@ -15,6 +17,7 @@ Deviations from the paper
 #   Math-Shepherd); std is the sample std plus ε = 1e-6, and a group whose step rewards are all equal gets Â = 0.
 # NOTE(deviation): tokens after a completion's last step get Â = 0 (the sum over no step); the paper's completions
 #   end at their last step.
+# NOTE(deviation): step_discount (default 1, the paper's sum) is ours; credit_horizon runs γ = 0.
 """
 
 from __future__ import annotations

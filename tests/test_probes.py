@@ -208,6 +208,43 @@ def test_process_advantages_hand_values():
     torch.testing.assert_close(a, want)
 
 
+def test_step_return_discounts_per_step_not_per_token():
+    """Row: steps end at t=1 (r=1), t=2 (r=2), t=4 (r=4); γ = 0.5. Tokens 0-1 are step 1: 1 + 0.5·2 + 0.25·4 = 3;
+    token 2 is step 2: 2 + 0.5·4 = 4; tokens 3-4 are step 3: 4; token 5 is masked. γ = 0: each step's own reward."""
+    r = torch.tensor([[0.0, 1, 2, 0, 4, 0]])
+    steps = torch.tensor([[False, True, True, False, True, False]])
+    mask = torch.tensor([[1.0, 1, 1, 1, 1, 0]])
+    assert L.step_return(r, steps, mask, 0.5).tolist() == [[3.0, 3.0, 4.0, 4.0, 4.0, 0.0]]
+    assert L.step_return(r, steps, mask, 0.0).tolist() == [[1.0, 1.0, 2.0, 4.0, 4.0, 0.0]]
+    assert L.step_return(r, steps, mask, 1.0).tolist() == [[7.0, 7.0, 6.0, 4.0, 4.0, 0.0]]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-2, 2), min_size=12, max_size=12), st.lists(st.booleans(), min_size=12, max_size=12),
+       st.floats(0.0, 1.0))  # fmt: skip
+def test_step_return_matches_the_python_definition(values, ends, gamma):
+    """Any γ: the loop equals Σ_{k ≥ j} γ^{k−j} r_k written out step by step; γ → 1 is the token return-to-go."""
+    r = torch.tensor(values).view(2, 6)
+    s = torch.tensor(ends).view(2, 6)
+    r = torch.where(s, r, torch.zeros_like(r))
+    mask = torch.ones(2, 6)
+    got = L.step_return(r, s, mask, gamma)
+    for b in range(2):
+        ends_b = [t for t in range(6) if s[b, t]]
+        for t in range(6):
+            later = [k for k in ends_b if k >= t]
+            want = sum(gamma**i * float(r[b, k]) for i, k in enumerate(later))
+            assert abs(float(got[b, t]) - want) < 1e-5
+    torch.testing.assert_close(L.step_return(r, s, mask, 1.0), L.return_to_go(r, mask))
+
+
+def test_step_discount_needs_the_process_advantage_and_a_discount_in_0_1():
+    with pytest.raises(ValueError, match="set advantage=process"):
+        PolicyGradientConfig(step_discount=0.0)
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        PolicyGradientConfig(reward_shaping="process", advantage="process", step_discount=1.5)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 1), min_size=8, max_size=8), st.lists(st.integers(1, 6), min_size=8, max_size=8))
 def test_process_advantage_with_one_step_at_the_end_is_grpo(scores, lengths):

@@ -169,6 +169,22 @@ def return_to_go(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return torch.where(mask.bool(), r.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(r))
 
 
+def step_return(step_rewards: torch.Tensor, steps: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Σ_{k ≥ j} γ^{k−j} r_k for each token of step j, discounted per step, not per token ([B, T] -> [B, T]).
+
+    ``steps`` marks each step's last token, where its reward sits; a token belongs to the first step ending at or after
+    it. γ = 1 is the undiscounted return-to-go; γ = 0 credits each token with its own step's reward only.
+    """
+    if gamma == 1.0:
+        return return_to_go(step_rewards, mask)
+    s, m = steps.bool() & mask.bool(), mask.bool()
+    out, run = torch.zeros_like(step_rewards), torch.zeros_like(step_rewards[:, 0])
+    for t in range(step_rewards.shape[1] - 1, -1, -1):  # right to left: a step's end folds the steps after it in
+        run = torch.where(s[:, t], step_rewards[:, t] + gamma * run, run)
+        out[:, t] = torch.where(m[:, t], run, torch.zeros_like(run))
+    return out
+
+
 def process_advantages(
     step_rewards: torch.Tensor,
     steps: torch.Tensor,
@@ -176,6 +192,7 @@ def process_advantages(
     group_size: int,
     eps: float = 1e-6,
     unbiased: bool = True,
+    gamma: float = 1.0,
 ) -> torch.Tensor:
     """GRPO's process supervision (DeepSeekMath, Shao et al. 2024, §4.1.3): each step reward is normalised by the mean
     and std of all step rewards of its group, r̃ = (r − mean R) / (std R + ε), and token t's advantage is the sum of
@@ -183,7 +200,7 @@ def process_advantages(
 
     ``step_rewards`` [B, T]: each step's reward on its last token; ``steps`` [B, T] bool marks those tokens (a step
     rewarded 0 is still a step). A group whose step rewards are all equal gives exactly 0. Tokens after a row's last
-    step get 0.
+    step get 0. ``gamma`` < 1 discounts later steps (``step_return``); 1 is the paper's sum.
     """
     B, T = step_rewards.shape
     assert B % group_size == 0, f"batch of {B} is not a whole number of groups of {group_size}"
@@ -198,7 +215,7 @@ def process_advantages(
     constant = torch.where(sg, r, -inf).amax(-1, keepdim=True) <= torch.where(sg, r, inf).amin(-1, keepdim=True)
     # all of a group's steps equal (or none): no signal, exactly 0 (not rounding error divided by ε)
     norm = torch.where(constant, torch.zeros_like(dev), dev / (var.sqrt() + eps)).view(B, T)
-    return return_to_go(norm, mask)
+    return step_return(norm, steps, mask, gamma)
 
 
 def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

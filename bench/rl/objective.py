@@ -61,6 +61,9 @@ class PolicyGradientConfig(AlgorithmConfig):
     each on its step's last token, as the per-token rewards (critics, return-to-go) and R = their sum."""
     advantage: Advantage = "group"
     """Advantage estimator."""
+    step_discount: float = 1.0
+    """γ over steps for advantage=process: token t of step j gets Σ_{k ≥ j} γ^{k−j} r̃_k. 1 is DeepSeekMath §4.1.3;
+    0 credits each step with its own normalised reward only (the oracle for independent sub-problems)."""
     adv_scale: AdvScale = "group_std"
     """Divisor of the group-centred reward: none (Dr. GRPO), group std (GRPO), batch std."""
     adv_eps: float = 1e-6
@@ -102,6 +105,10 @@ class PolicyGradientConfig(AlgorithmConfig):
             )
         if self.advantage == "process" and self.reward_shaping != "process":
             raise ValueError("advantage='process' normalises the task's step rewards: set reward_shaping=process")
+        if not 0.0 <= self.step_discount <= 1.0:
+            raise ValueError(f"step_discount is a discount γ in [0, 1], got {self.step_discount}")
+        if self.step_discount != 1.0 and self.advantage != "process":
+            raise ValueError("step_discount discounts the step rewards of advantage='process'; set advantage=process")
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise ValueError("clip_eps_low and clip_eps_high must be >= 0")
 
@@ -142,7 +149,7 @@ def _reinforce_pp_baseline(r, tr, m, G, cfg, base, steps):
 
 def _process(r, tr, m, G, cfg, base, steps):
     """DeepSeekMath §4.1.3: step rewards normalised over the group, each token credited with the steps from it on."""
-    return L.process_advantages(tr, steps, m, G, cfg.adv_eps, cfg.adv_std_unbiased)
+    return L.process_advantages(tr, steps, m, G, cfg.adv_eps, cfg.adv_std_unbiased, cfg.step_discount)
 
 
 ADVANTAGES: dict[str, Callable] = {
