@@ -15,8 +15,10 @@ gold answers is an integer (3 train and 2 test ones negative, 93 written with th
 Reward in one sentence: 1.0 iff the number written right after the LAST ``####`` of the completion equals the gold
 answer as an exact rational number (``18``, ``18.0``, ``$18`` and ``18.`` are all 18), else 0.0.
 
-version = "1"
+version = "2"
     1: initial version (strict ``####`` score; strict/lenient/format components; hash-chosen val rows).
+    2: strict: ``#### **18**`` (markdown emphasis) is 18; ``#### 1e3``, ``#### 3 1/2``, ``#### 5:30`` are no answer
+       (version 1 read 1, 3 and 5).
 
 Answer format (the instructed, "strict" format): reason step by step, then a final line ``#### <number>``, e.g.
 ``#### 18``. Components, logged side by side as the field notes ask ("a strict GSM8K scorer that demands ``####``
@@ -63,8 +65,9 @@ Deviations from the reference scorer (``grade_school_math/dataset.py``: ``ANS_RE
 first match, commas stripped, string equality), per docs/field-notes.md "Rewards", each marked
 ``# NOTE(deviation)`` below: last ``####`` instead of the first match; any horizontal whitespace (or none) after
 ``####``; numeric instead of string equality; ``$ € £``, ``+`` and ``−`` accepted; commas must form valid groups;
-``#### <number>`` directly followed by an arithmetic operator and another number (``#### 3+15``) is not an answer;
-only the last MAX_SCAN_CHARS characters are searched.
+``#### <number>`` directly followed by an arithmetic operator and another number (``#### 3+15``) is not an answer,
+nor is the first piece of ``#### 1e3``, ``#### 3 1/2`` or ``#### 5:30``; markdown emphasis ``#### **18**`` is read
+through; only the last MAX_SCAN_CHARS characters are searched.
 """
 
 from __future__ import annotations
@@ -110,7 +113,16 @@ _FULL_NUMBER_RE = re.compile(r"\s*" + _NUMBER_BODY + r"(?![0-9]|[.,][0-9])\s*%?\
 # After the last "####": horizontal whitespace, the number, and no "<op> <number>" right after it ("#### 3+15").
 # NOTE(deviation): "#### 3+15" or "#### 20 - 2" is an expression, not an answer (the reference reads 3 and 20).
 _NOT_AN_EXPRESSION = r"(?![ \t]*[-+*/^=\u00d7\u00f7\u2212\u2013][ \t]*[0-9.$])"
-_AFTER_MARK_RE = re.compile(r"[ \t\u00a0]*(?P<num>" + _NUMBER_BODY + r")(?![0-9]|[.,][0-9])" + _NOT_AN_EXPRESSION)
+# NOTE(deviation): nor is the first piece of a longer numeric form read as the answer (the reference reads the leading
+# digits): scientific notation "#### 1e3" (not 1, and not 1000: no gold is written so), a mixed number "#### 3 1/2"
+# (not 3), a time or ratio "#### 5:30" (not 5). All three score strict 0: every GSM8K gold is a plain integer.
+_NOT_A_PIECE = r"(?![eE][-+]?[0-9]|:[0-9]|[ \t]+[0-9])"
+# Markdown emphasis around the number ("#### **18**", "#### *18*", "#### __18__") is read through: a common habit of
+# chat models, with the same closing marker required (the opening one alone is not emphasis).
+_AFTER_MARK_RE = re.compile(
+    r"[ \t\u00a0]*(?P<em>\*\*|\*|__)?(?P<num>" + _NUMBER_BODY + r")(?![0-9]|[.,][0-9])" + _NOT_A_PIECE
+    + r"(?(em)(?P=em))" + _NOT_AN_EXPRESSION
+)
 _ANNOTATION_RE = re.compile(r"<<[^<>]*>>")
 """GSM8K calculator annotations, e.g. ``<<16-3-4=9>>``: none of the 8,792 solutions nests ``<`` or ``>`` in one."""
 _LINE_START_RE = re.compile(r"(?m)^[ \t]*(?=\S)")
@@ -275,7 +287,7 @@ class Gsm8kConfig(TaskConfig):
 
 class Gsm8k(Task):
     Config = Gsm8kConfig
-    version = "1"
+    version = "2"
     description = "Grade-school math word problems; final line '#### <number>' (GSM8K, Cobbe et al. 2021)."
     hub_dataset = "openai/gsm8k"
 

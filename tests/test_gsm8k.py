@@ -170,6 +170,16 @@ EXTRACT_CASES = [
     ("#### 20 - 2", None, "2"),
     ("#### 6*3 = 18", None, "18"),
     ("#### 1,00", None, None),
+    # version 2: the first piece of a longer numeric form is not the answer; markdown emphasis is read through
+    ("#### 1e3", None, "3"),  # scientific notation: not 1 (version 1) and not 1000; lenient: the last number
+    ("#### 3 1/2", None, "2"),  # a mixed number: not 3
+    ("#### 5:30", None, "30"),  # a time: not 5
+    ("#### **18**", "18", "18"),
+    ("#### *18*", "18", "18"),
+    ("#### __18__", "18", "18"),
+    ("**#### 18**", "18", "18"),  # the whole line in bold
+    ("#### **18", None, "18"),  # an unclosed marker is not emphasis
+    ("#### **18*", None, "18"),
     ("The answer is 18.", None, "18"),
     ("The answer is $18.", None, "$18"),
     ("It costs 1,000 and then 2,5", None, "1,000"),
@@ -233,8 +243,21 @@ REWARD_CASES = [
     ("non_ascii_around", "\u7b54\u6848 #### 18 \u2713", 1.0, 1.0, 1.0),
     ("null_bytes", "\x00#### 18\x00", 1.0, 1.0, 1.0),
     ("bad_grouping", "#### 1,8", 0.0, 0.0, 0.0),
-    ("scientific", "#### 1.8e1", 0.0, 0.0, 1.0),  # read as 1.8 (strict), then 1 (lenient): no exponent support
+    ("scientific", "#### 1.8e1", 0.0, 0.0, 0.0),  # no exponent support: strict reads nothing, lenient 1
+    # version 2 decisions, each against the gold the version-1 reading matched (gold 18 here; see test_v2_decisions)
+    ("bold", "#### **18**", 1.0, 1.0, 1.0),
+    ("bold_with_period", "So she makes **#### 18**.", 1.0, 1.0, 1.0),
 ]
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold_v1_matched"), [("#### 1e3", "1"), ("#### 3 1/2", "3"), ("#### 5:30", "5")]
+)
+def test_v2_leading_pieces_no_longer_score_against_the_gold_they_start_with(completion, gold_v1_matched) -> None:
+    """Version 1 read the leading digits and scored 1 against that gold; version 2 reads no answer: strict 0, format
+    0 (the last #### is not followed by a number)."""
+    r = reward(Example("v2", "q", gold_v1_matched), completion)
+    assert r.score == 0.0 and r.components["format"] == 0.0, r
 
 
 @pytest.mark.parametrize(
@@ -395,7 +418,7 @@ def test_prompts() -> None:
 
 def test_version_and_metadata() -> None:
     """version, description and hub id are set; the reward method is the module-level reward."""
-    assert Gsm8k.version == "1" and Gsm8k.description and Gsm8k.hub_dataset == "openai/gsm8k"
+    assert Gsm8k.version == "2" and Gsm8k.description and Gsm8k.hub_dataset == "openai/gsm8k"
     task = Gsm8k(Gsm8kConfig())
     for completion in ("#### 18", "#### 17", "18", ""):
         assert task.reward(EX, completion) == reward(EX, completion), completion

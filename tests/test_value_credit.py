@@ -103,6 +103,23 @@ def test_clipped_value_loss_golden():
     assert abs(float(unclipped) - 0.5 * (0.25 + 1 + 4) / 3) < 1e-6, float(unclipped)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("clip", [0.2, None])
+def test_clipped_value_loss_has_a_finite_gradient_when_a_padded_value_is_not_finite(bad, clip):
+    """A critic that is NaN/inf at a padded position (or a padded return/old value that is): the loss and the gradient
+    are those of the same batch with finite padding, not NaN (where() after the square leaked 0·∂NaN² = NaN)."""
+    mask = ragged_mask([3], 4)
+    old, returns = torch.tensor([[1.0, 0.5, 1.0, bad]]), torch.tensor([[2.0, 1.0, -1.0, bad]])
+    values = torch.tensor([[1.5, 0.0, 1.0, bad]], requires_grad=True)
+    loss, _ = clipped_value_loss(values, old, returns, mask, clip, Norm.of(mask))
+    loss.backward()
+    clean = torch.tensor([[1.5, 0.0, 1.0, 0.0]], requires_grad=True)
+    ref, _ = clipped_value_loss(clean, old.nan_to_num(0, 0, 0), returns.nan_to_num(0, 0, 0), mask, clip, Norm.of(mask))
+    ref.backward()
+    assert torch.isfinite(values.grad).all(), values.grad
+    assert float(loss) == float(ref) and torch.equal(values.grad, clean.grad)
+
+
 def test_explained_variance():
     """1 for a perfect critic, 0 for a constant one (at the mean), on the unmasked entries only."""
     returns, mask = torch.tensor([[1.0, 2.0, 3.0, 99.0]]), ragged_mask([3], 4)

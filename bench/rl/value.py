@@ -71,7 +71,10 @@ def gae_reference(rewards, values, mask, gamma: float, lam: float):
 # ---- value loss and diagnostics -----------------------------------------------------------------------------------
 def clipped_value_loss(values, old_values, returns, mask, clip: float | None, norm: L.Norm):
     """½ max((V − R̂)², (clip(V, V_old ± ε_V) − R̂)²), token-mean over the step ([B, T] each) -> (loss, stats).
-    ``clip=None``: the plain ½(V − R̂)²."""
+    ``clip=None``: the plain ½(V − R̂)². A non-finite value or return at a masked (padded) position is replaced before
+    any arithmetic, not after: where() after the square would pass a finite loss but a NaN gradient (0 · ∂NaN²)."""
+    m = mask.bool()
+    values, old_values, returns = (torch.where(m, x, torch.zeros_like(x)) for x in (values, old_values, returns))
     unclipped = (values - returns).square()
     if clip is None:
         per_token, was_clipped = unclipped, torch.zeros_like(mask, dtype=torch.bool)
