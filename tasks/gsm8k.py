@@ -120,8 +120,12 @@ _NOT_A_PIECE = r"(?![eE][-+]?[0-9]|:[0-9]|[ \t]+[0-9])"
 # Markdown emphasis around the number ("#### **18**", "#### *18*", "#### __18__") is read through: a common habit of
 # chat models, with the same closing marker required (the opening one alone is not emphasis).
 _AFTER_MARK_RE = re.compile(
-    r"[ \t\u00a0]*(?P<em>\*\*|\*|__)?(?P<num>" + _NUMBER_BODY + r")(?![0-9]|[.,][0-9])" + _NOT_A_PIECE
-    + r"(?(em)(?P=em))" + _NOT_AN_EXPRESSION
+    r"[ \t\u00a0]*(?P<em>\*\*|\*|__)?(?P<num>"
+    + _NUMBER_BODY
+    + r")(?![0-9]|[.,][0-9])"
+    + _NOT_A_PIECE
+    + r"(?(em)(?P=em))"
+    + _NOT_AN_EXPRESSION
 )
 _ANNOTATION_RE = re.compile(r"<<[^<>]*>>")
 """GSM8K calculator annotations, e.g. ``<<16-3-4=9>>``: none of the 8,792 solutions nests ``<`` or ``>`` in one."""
