@@ -144,6 +144,12 @@ class Task(L.LightningDataModule):
         """Pure, deterministic, bounded in time, never raises on model output."""
         raise NotImplementedError
 
+    def reward_time_bound_s(self) -> float:
+        """Wall seconds one ``reward`` call may take on any completion, with a warm verifier (the contract's fuzz test
+        holds every task to it). A task whose verifier runs under its own limit (a query, a math-verify call)
+        returns that limit plus its overhead."""
+        return 1.0
+
     def data_stats(self) -> dict[str, float]:
         """Counts about the loaded data, logged as ``data/<name>`` at the start of a run (e.g. unscorable examples)."""
         return {f"{split}_examples": len(exs) for split, exs in self._splits.items()}

@@ -40,14 +40,15 @@ only yields zero-variance groups. Dropped uids are in ``Math.unscorable`` and th
 
 Time limits (docs/field-notes.md, "Rewards"): math-verify's own timeouts use ``signal.alarm``, which only works in the
 main thread. Here both of its timeouts are disabled (``parsing_timeout=None``, ``timeout_seconds=None``) and every
-parse/verify runs in a small pool of worker processes (``python -c <source>``; only math-verify and sympy are
-imported there, never torch). The caller waits at most ``verify_timeout_s`` for an answer; on timeout the worker is
-killed (SIGKILL, it may be stuck inside one C call such as a huge integer power) and replaced, and the completion
-scores 0 with reason "timeout". This works from any thread. A worker that is still starting (about 1 s after a kill)
-is waited for separately, up to STARTUP_TIMEOUT_S, so a correct answer is never failed for the restart of a worker;
-the worst-case wall time of one reward call is therefore startup + ``verify_timeout_s``. Workers also run under an
-address-space limit (``worker_memory_mb``) and a CPU-time backstop, are shut down at exit (atexit), and are not
-shared with forked children.
+parse/verify runs in a small pool of worker processes (bench/sandbox.py, shared with text-to-SQL; ``python -c
+<source>``: only math-verify and sympy are imported there, never torch). The caller waits at most
+``verify_timeout_s`` for an answer; on timeout the worker is killed (SIGKILL, it may be stuck inside one C call such
+as a huge integer power) and replaced, and the completion scores 0 with reason "timeout". This works from any thread.
+A worker that is still starting (about 1 s after a kill) is waited for separately, up to
+bench.sandbox.STARTUP_TIMEOUT_S, so a correct answer is never failed for the restart of a worker; the worst-case wall
+time of one reward call is therefore startup + ``verify_timeout_s``. Workers also run under an address-space limit
+(``worker_memory_mb``) and a CPU-time backstop, are shut down at exit (atexit), and are not shared with forked
+children.
 
 Prompts: chat models get the problem plus the standard "Please reason step by step, and put your final answer within
 \\boxed{}." ``plain_prompt`` (tokenizers without a chat template, in practice the tiny character-level model with 256
@@ -63,20 +64,16 @@ than MAX_ANSWER_CHARS score 0 without being parsed (the longest MATH gold answer
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
-import os
 import re
-import select
-import subprocess
 import sys
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from bench import ROOT
+from bench.sandbox import SharedPool, WorkerPool
 from bench.task import Example, RewardResult, Split, Task, TaskConfig
 
 # ---- answer extraction ----------------------------------------------------------------------------------------------
@@ -87,8 +84,6 @@ MAX_ANSWER_CHARS = 512
 """Boxed answers longer than this score 0 without being parsed (3x the longest MATH gold answer, a 3x3 matrix)."""
 DEFAULT_TIMEOUT_S = 5.0
 """Default wall-clock limit for one parse + verify in the worker."""
-STARTUP_TIMEOUT_S = 120.0
-"""How long a call waits for a freshly started worker to import math-verify (generous: the host may be loaded)."""
 PROMPT_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
 
 # A box command and its opening brace: ``\boxed{``, ``\boxed {``, ``\fbox{`` (the group 'brace' is the '{').
@@ -158,16 +153,19 @@ def normalise_problem(text: str) -> str:
 
 # ---- the verification worker ----------------------------------------------------------------------------------------
 
-# Runs as ``python -c _WORKER_SOURCE <memory_mb>`` with the working directory removed from sys.path (PYTHONPATH is
-# kept), so the worker imports only math-verify and sympy, never a module of this repository. Protocol: one JSON
+# Runs as ``python -c _WORKER_SOURCE <memory_mb> <repo root>`` with the working directory removed from sys.path and
+# the repository appended last (PYTHONPATH is kept), so the worker imports math-verify, sympy and bench.sandbox
+# (standard library only), never torch or a task module. Protocol: one JSON
 # object per line each way; the first line the worker writes is {"ready": true} or {"ready": false, "error": ...}.
 # Requests: {"op": "gold", "gold": s} and {"op": "score", "gold": s, "pred": s}, each with "cpu": a CPU-seconds budget
 # for the backstop limit.
 _WORKER_SOURCE = r"""
 import sys
 
-sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+sys.path[:] = [p for p in sys.path if p not in ("", ".")] + [sys.argv[2]]  # the repository last: bench.sandbox only
 import json, logging, math, os, resource
+
+from bench.sandbox import limit_cpu
 
 proto = os.fdopen(os.dup(1), "wb", buffering=0)  # the protocol channel; fd 1 then points at stderr (devnull)
 os.dup2(2, 1)
@@ -203,10 +201,7 @@ def main():
         req = json.loads(line)
         try:
             # Backstop for an orphaned worker (parent killed): SIGXCPU ends it after this much more CPU time.
-            used = resource.getrusage(resource.RUSAGE_SELF)
-            cpu = math.ceil(used.ru_utime + used.ru_stime) + int(req["cpu"])
-            hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu if hard == resource.RLIM_INFINITY else min(cpu, hard), hard))
+            limit_cpu(req["cpu"])
             gold = golds.get(req["gold"])
             if gold is None:
                 if len(golds) > 50000:
@@ -227,252 +222,28 @@ main()
 """
 
 
-class WorkerStartError(RuntimeError):
-    """The verification worker could not start (math-verify missing, or the host too slow): an environment error,
-    raised rather than scored 0, so a broken setup cannot silently fail every answer."""
+def _worker_command(memory_mb: int) -> list[str]:
+    return [sys.executable, "-c", _WORKER_SOURCE, str(int(memory_mb)), str(ROOT)]
 
 
-class _Worker:
-    """One worker process and its line-based pipe protocol."""
-
-    def __init__(self, memory_mb: int):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_SOURCE, str(int(memory_mb))],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            bufsize=0,
-            close_fds=True,
-            start_new_session=True,  # a Ctrl-C in the terminal reaches the harness, not the workers
-        )
-        self._in, self._out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
-        self._poll = select.poll()  # poll, not select: no FD_SETSIZE limit in processes with many open files
-        self._poll.register(self._out, select.POLLIN | select.POLLHUP | select.POLLERR)
-        self._buf = b""
-        self.ready = False
-
-    def _readline(self, timeout_s: float) -> dict | None:
-        """The next message, None on timeout; EOFError when the worker died."""
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._poll.poll(max(1, int(remaining * 1000))):
-                if time.monotonic() >= deadline:
-                    return None
-                continue
-            chunk = os.read(self._out, 1 << 16)
-            if not chunk:
-                raise EOFError("worker exited")
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return json.loads(line)
-
-    def wait_ready(self) -> None:
-        if self.ready:
-            return
-        try:
-            msg = self._readline(STARTUP_TIMEOUT_S)
-        except (EOFError, ValueError) as e:
-            msg = {"ready": False, "error": f"worker exited during startup ({e})"}
-        if msg is None:
-            msg = {"ready": False, "error": f"no answer within STARTUP_TIMEOUT_S={STARTUP_TIMEOUT_S:g} s"}
-        if not msg.get("ready"):
-            self.kill()
-            raise WorkerStartError(f"math-verify worker failed to start: {msg.get('error')}")
-        self.ready = True
-
-    def request(self, payload: dict, timeout_s: float) -> dict:
-        """Send one request, wait up to timeout_s; {"status": "timeout"|"crashed"} when there is no answer."""
-        self.wait_ready()
-        data = json.dumps(payload).encode() + b"\n"
-        try:
-            while data:
-                data = data[os.write(self._in, data) :]
-            msg = self._readline(timeout_s)
-        except (OSError, EOFError, ValueError):
-            return {"status": "crashed"}
-        return {"status": "timeout"} if msg is None else msg
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            pass  # reaped at shutdown
-
-    def close(self, grace_s: float) -> None:
-        """Ask politely (EOF on stdin ends the worker's loop), then kill."""
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=grace_s)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        self.kill()
-
-
-class VerifierPool:
-    """Up to ``max_workers`` worker processes, started lazily, shared by all threads of this process.
-
-    A call takes an idle worker (or starts one, or waits for one), sends one request and waits ``timeout_s``. A worker
-    that timed out or died is killed and a replacement is started at once, so it warms up in the background.
-    """
-
-    def __init__(self, max_workers: int = 2, memory_mb: int = 4096):
-        self.max_workers, self.memory_mb = max_workers, memory_mb
-        self._cond = threading.Condition()
-        self._idle: list[_Worker] = []
-        self._all: set[_Worker] = set()
-        self._starting = 0
-        self._closed = False
-        self.restarts = 0
-        """Workers killed after a timeout or crash (each replaced)."""
-
-    def configure(self, max_workers: int, memory_mb: int) -> None:
-        if max_workers < 1:
-            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
-        with self._cond:
-            self.max_workers, self.memory_mb = max_workers, memory_mb
-            self._cond.notify_all()
-
-    def pids(self) -> list[int]:
-        """Process ids of the live workers."""
-        with self._cond:
-            return sorted(w.proc.pid for w in self._all if w.proc.poll() is None)
-
-    def _start(self) -> _Worker:
-        w = _Worker(self.memory_mb)
-        with self._cond:
-            self._all.add(w)
-        return w
-
-    def _acquire(self) -> _Worker:
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise RuntimeError("the math-verify worker pool is shut down")
-                if self._idle:
-                    return self._idle.pop()
-                if len(self._all) + self._starting < self.max_workers:
-                    self._starting += 1
-                    break
-                self._cond.wait()
-        try:
-            return self._start()
-        finally:
-            with self._cond:
-                self._starting -= 1
-
-    def _release(self, w: _Worker, healthy: bool) -> None:
-        with self._cond:
-            keep = healthy and not self._closed and len(self._all) <= self.max_workers
-            if keep:
-                self._idle.append(w)
-            else:
-                self._all.discard(w)
-            self._cond.notify()
-        if not keep:
-            w.kill()
-            if not healthy:
-                with self._cond:
-                    self.restarts += 1
-                    replace = not self._closed and len(self._all) + self._starting < self.max_workers
-                    if replace:
-                        self._starting += 1
-                if replace:
-                    try:
-                        fresh = self._start()
-                    finally:
-                        with self._cond:
-                            self._starting -= 1
-                    self._release(fresh, True)
-
-    def call(self, payload: dict, timeout_s: float) -> dict:
-        """One request; the reply, or {"status": "timeout"} / {"status": "crashed"}. Raises WorkerStartError."""
-        w = self._acquire()
-        healthy = False
-        try:
-            reply = w.request({**payload, "cpu": int(timeout_s) + 10}, timeout_s)
-            healthy = reply.get("status") in ("ok", "error")
-            return reply
-        finally:
-            self._release(w, healthy)
-
-    def warm_up(self) -> None:
-        """Start ``max_workers`` workers and wait until every idle one has imported math-verify."""
-        workers = []
-        with self._cond:
-            workers.extend(self._idle)
-            self._idle.clear()
-        while len(workers) < self.max_workers and len(self._all) < self.max_workers:
-            workers.append(self._start())
-        try:
-            for w in workers:
-                w.wait_ready()
-        finally:
-            for w in workers:
-                self._release(w, w.proc.poll() is None)
-
-    def shutdown(self, grace_s: float = 0.5) -> None:
-        """Stop every worker (idle and busy); the pool refuses later calls."""
-        with self._cond:
-            self._closed = True
-            workers = list(self._all)
-            self._all.clear()
-            self._idle.clear()
-            self._cond.notify_all()
-        for w in workers:
-            w.close(grace_s)
-
-
-_POOL_LOCK = threading.Lock()
-_POOL: VerifierPool | None = None
-_POOL_SETTINGS = {"max_workers": 2, "memory_mb": 4096}
+_SHARED = SharedPool(_worker_command, "math-verify")
 _GOLD_CACHE: dict[str, bool] = {}
 """gold answer -> scorable, for this process (a reloaded task does not re-check its golds)."""
 
 
-def pool() -> VerifierPool:
+def pool() -> WorkerPool:
     """The process-wide worker pool, created on first use."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL._closed:
-            _POOL = VerifierPool(**_POOL_SETTINGS)
-        return _POOL
+    return _SHARED.get()
 
 
 def configure_pool(max_workers: int, memory_mb: int) -> None:
     """Size and memory limit of the process-wide pool (now and for pools created after a shutdown)."""
-    if max_workers < 1:
-        raise ValueError(f"max_workers must be >= 1, got {max_workers}")
-    with _POOL_LOCK:
-        _POOL_SETTINGS.update(max_workers=max_workers, memory_mb=memory_mb)
-        if _POOL is not None:
-            _POOL.configure(max_workers, memory_mb)
+    _SHARED.configure(max_workers, memory_mb)
 
 
 def shutdown() -> None:
     """Stop the worker pool (registered with atexit; a later call starts a new pool)."""
-    with _POOL_LOCK:
-        p = _POOL
-    if p is not None:
-        p.shutdown()
-
-
-def _forget_pool_in_child() -> None:
-    """After fork the workers belong to the parent: the child starts its own pool (and never kills the parent's)."""
-    global _POOL, _POOL_LOCK
-    _POOL_LOCK = threading.Lock()
-    _POOL = None
-
-
-atexit.register(shutdown)
-os.register_at_fork(after_in_child=_forget_pool_in_child)
+    _SHARED.shutdown()
 
 
 def check_golds(golds: list[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, bool]:
@@ -719,6 +490,9 @@ class Math(Task):
 
     def plain_prompt(self, example: Example) -> str:
         return normalise_problem(example.question)[: self.cfg.plain_prompt_chars] + "\n"
+
+    def reward_time_bound_s(self) -> float:
+        return self.cfg.verify_timeout_s + 1.0  # the worker's limit, then the kill and the scan
 
     def reward(self, example: Example, completion: str) -> RewardResult:
         return reward(example, completion, self.cfg.verify_timeout_s)

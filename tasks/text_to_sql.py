@@ -47,6 +47,9 @@ Each query gets a fresh connection opened with ``file:...?mode=ro&immutable=1`` 
   - ``enable_load_extension(False)``, and SQLITE_LIMIT_ATTACHED = 0;
   - a progress handler that stops the statement after ``max_vm_steps`` virtual-machine steps (deterministic, so the
     reward is a function of its input) or at the ``timeout_s`` wall-clock deadline (backstop for slow steps);
+  - execution in a killable worker process (bench/sqlite_sandbox.py): a function that loops inside one VM instruction
+    (``printf('%.*c', 2147483647, 'x')``) is killed at ``timeout_s`` + KILL_GRACE_S, a hard wall-clock bound; the
+    worker keeps temporary storage in memory under a heap limit and may not write a byte to disk (RLIMIT_FSIZE 0);
   - SQLITE_LIMIT_LENGTH = ``max_value_bytes`` (bounds every string, blob and record), COLUMN = MAX_COLUMNS,
     LIKE_PATTERN_LENGTH = MAX_LIKE_PATTERN (one LIKE call is one uninterruptible VM step), WORKER_THREADS = 0; rows
     are fetched one at a time, up to ``max_rows`` rows and MAX_RESULT_CHARS characters;
@@ -74,20 +77,26 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import re
 import sqlite3
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
+from bench.sqlite_sandbox import (
+    DEFAULT_LIMITS,
+    KILL_GRACE_S,
+    Limits,
+    QueryResult,
+    open_readonly,  # noqa: F401 (re-exported for callers of this task)
+    uri_quote,
+)
+from bench.sqlite_sandbox import run as sandbox_run
 from bench.task import Example, RewardResult, Split, Task, TaskConfig
 
 # ---- answer extraction --------------------------------------------------------------------------------------------
@@ -198,139 +207,16 @@ def is_ordered(gold_sql: str) -> bool:
 # ---- sandboxed execution ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Execution limits applied to predicted and gold queries alike (see the module docstring)."""
-
-    timeout_s: float = 2.0
-    max_vm_steps: int = 50_000_000
-    max_rows: int = 50_000
-    max_query_chars: int = 20_000
-    max_value_bytes: int = 100_000
-
-
-DEFAULT_LIMITS = Limits()
-PROGRESS_EVERY = 1_000
-"""VM instructions between progress-handler calls (step-budget granularity)."""
-MAX_RESULT_CHARS = 64_000_000
-"""Bound on the characters (str/bytes lengths, plus 8 per value) held from one result; Spider golds need < 1M."""
-MAX_COLUMNS = 256
-"""SQLITE_LIMIT_COLUMN: with max_value_bytes it bounds one result row (Spider tables have <= 32 columns)."""
-MAX_LIKE_PATTERN = 1000
-"""SQLITE_LIMIT_LIKE_PATTERN_LENGTH. One LIKE/GLOB call is a single VM step that no progress handler can interrupt
-and costs up to (value length x pattern length): 100 kB x 1000 is ~0.1 s, the default 50 kB pattern ~5 s."""
-FLOAT_DIGITS = 12
-"""Floats are compared after rounding to this many significant digits (absorbs summation-order noise only)."""
-DENIED_FUNCTIONS = frozenset(
-    {
-        "load_extension",  # loads native code (extension loading is also disabled on the connection)
-        "fts3_tokenizer",  # the 2-argument form registers a raw pointer: a known code-execution vector
-        "readfile",  # file access helpers of the sqlite3 shell, in case an extension provides them
-        "writefile",
-        "edit",
-        "random",  # nondeterministic: the reward must be a function of its input
-        "randomblob",
-    }
-)
-_ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
-
-
-def _authorizer(action: int, arg1: str | None, arg2: str | None, db_name: str | None, source: str | None) -> int:
-    """Allow-list: plain reads only. FUNCTION's arg2 is the function name."""
-    if action in _ALLOWED_ACTIONS:
-        return sqlite3.SQLITE_OK
-    if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() not in DENIED_FUNCTIONS:
-        return sqlite3.SQLITE_OK
-    return sqlite3.SQLITE_DENY
-
-
-def open_readonly(db_path: str | Path, limits: Limits = DEFAULT_LIMITS) -> sqlite3.Connection:
-    """A read-only, immutable connection with the allow-list authorizer and size limits (no progress handler: the
-    caller installs one per statement). Raises FileNotFoundError for a missing database file (a setup error, not a
-    model error: it must not silently score 0)."""
-    path = Path(db_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"Spider database not found: {path}")
-    uri = "file:" + _uri_quote(str(path.resolve())) + "?mode=ro&immutable=1"
-    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=True)
-    if hasattr(conn, "enable_load_extension"):
-        conn.enable_load_extension(False)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.max_value_bytes)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, 4 * limits.max_query_chars + 16)  # UTF-8 bytes, not characters
-    conn.setlimit(sqlite3.SQLITE_LIMIT_WORKER_THREADS, 0)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, MAX_COLUMNS)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_LIKE_PATTERN)
-    conn.set_authorizer(_authorizer)
-    return conn
-
-
-def _uri_quote(path: str) -> str:
-    """Escape the characters that end or corrupt the path part of an SQLite URI."""
-    return path.replace("%", "%25").replace("?", "%3f").replace("#", "%23")
-
-
-@dataclass(frozen=True)
-class QueryResult:
-    """Outcome of one sandboxed execution: ``error`` is None on success."""
-
-    columns: int = 0
-    rows: tuple[tuple, ...] = ()
-    error: str | None = None
-    steps: int = 0
-
-
-def _norm_value(v: Any) -> Any:
-    if isinstance(v, float) and math.isfinite(v):
-        return float(f"{v:.{FLOAT_DIGITS}g}")
-    return v
-
-
 def run_query(db_path: str | Path, sql: str, limits: Limits = DEFAULT_LIMITS) -> QueryResult:
-    """Execute one statement in the sandbox and return its normalised rows, or the reason it failed. Never raises
-    on hostile SQL; bounded by ``limits`` in steps, time and memory."""
+    """Execute one statement in the sandbox (bench/sqlite_sandbox.py: a killable worker process, so the time limit
+    holds for any query) and return its normalised rows, or the reason it failed. Never raises on hostile SQL."""
     if len(sql) > limits.max_query_chars:
         return QueryResult(error=f"query longer than {limits.max_query_chars} chars")
     if paren_depth(sql) > MAX_PAREN_DEPTH:
         return QueryResult(error=f"parentheses nested deeper than {MAX_PAREN_DEPTH}")
     if not starts_like_query(sql):
         return QueryResult(error="not a SELECT/WITH/VALUES statement")
-    conn = open_readonly(db_path, limits)
-    calls = 0
-    max_calls = limits.max_vm_steps // PROGRESS_EVERY
-    stopped: list[str] = []
-    deadline = time.monotonic() + limits.timeout_s
-
-    def progress() -> int:
-        nonlocal calls
-        calls += 1
-        if calls > max_calls:
-            stopped.append(f"over the step budget of {limits.max_vm_steps} VM steps")
-            return 1
-        if time.monotonic() > deadline:
-            stopped.append(f"over the {limits.timeout_s}s time limit")
-            return 1
-        return 0
-
-    conn.set_progress_handler(progress, PROGRESS_EVERY)
-    try:
-        cur = conn.execute(sql)
-        columns = len(cur.description or ())
-        rows: list[tuple] = []
-        size = 0
-        for row in cur:
-            if len(rows) >= limits.max_rows:
-                return QueryResult(columns, error=f"more than {limits.max_rows} rows", steps=calls * PROGRESS_EVERY)
-            size += sum(len(v) + 8 if isinstance(v, str | bytes) else 8 for v in row)
-            if size > MAX_RESULT_CHARS:
-                return QueryResult(columns, error=f"result over {MAX_RESULT_CHARS} chars", steps=calls * PROGRESS_EVERY)
-            rows.append(tuple(_norm_value(v) for v in row))
-        return QueryResult(columns, tuple(rows), None, calls * PROGRESS_EVERY)
-    except (sqlite3.Error, ValueError, OverflowError, MemoryError, RecursionError) as e:
-        reason = stopped[0] if stopped else f"{type(e).__name__}: {e}"
-        return QueryResult(error=reason[:200], steps=calls * PROGRESS_EVERY)
-    finally:
-        conn.close()
+    return sandbox_run(db_path, sql, limits)
 
 
 @dataclass(frozen=True)
@@ -490,7 +376,7 @@ def _quote(name: str) -> str:
 def render_schema(db_path: str | Path, fmt: str = "compact", max_chars: int = 4000) -> str:
     """The schema of a database file, one table per line (compact: ``table(col, col -> other.col)``) or as its
     CREATE TABLE statements (create), cut at a line boundary to ``max_chars`` with a note of what was left out."""
-    conn = sqlite3.connect(f"file:{_uri_quote(str(Path(db_path).resolve()))}?mode=ro&immutable=1", uri=True)
+    conn = sqlite3.connect(f"file:{uri_quote(str(Path(db_path).resolve()))}?mode=ro&immutable=1", uri=True)
     try:
         tables = conn.execute(
             "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY rowid"
@@ -678,6 +564,10 @@ class TextToSQL(Task):
 
     def plain_prompt(self, example: Example) -> str:
         return f"{example.data['db_id']}| {example.question}"[: self.cfg.plain_prompt_chars] + "\n"
+
+    def reward_time_bound_s(self) -> float:
+        # the predicted query and (uncached) the gold, each killed after timeout_s + the grace; parsing ~0.1 s
+        return 2 * (self.limits.timeout_s + KILL_GRACE_S) + 0.5
 
     def reward(self, example: Example, completion: str) -> RewardResult:
         return reward(example, completion, self.limits)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -258,6 +259,72 @@ def test_runaway_query_is_stopped_by_the_clock(db: Path) -> None:
     elapsed = time.perf_counter() - t0
     assert res.error and "time limit" in res.error, f"{res}"
     assert elapsed < 0.3 + 0.5, f"took {elapsed:.2f}s"
+
+
+# Built-in functions that loop inside ONE VM instruction, where no progress handler runs (issue 13: the printf case
+# took 6.6 s against a 2 s limit in-process). Each must come back within the time limit plus the kill grace.
+ONE_INSTRUCTION_LOOPS = {
+    "printf_width": "SELECT printf('%.*c', 2147483647, 'x')",
+    "printf_width_star": "SELECT printf('%*d', 2147483647, 1)",
+    "format_width": "SELECT format('%.*c', 2147483647, 'x')",
+    "printf_many_args": "SELECT printf('%.*c%.*c', 2147483647, 'x', 2147483647, 'y')",
+    "trim_8k_set": "SELECT length(trim(hex(zeroblob(49000)), '" + "0123456789ABCDEFGHIJ" * 400 + "x'))",
+    "zeroblob_huge": "SELECT length(zeroblob(2147483647))",
+    "randomblob_huge": "SELECT length(randomblob(2147483647))",
+    "replace_huge_blob": "SELECT length(replace(hex(zeroblob(49000)), '0', '00'))",
+    "substr_huge_hex": "SELECT substr(hex(zeroblob(2000000000)), 1, 10)",
+    "nested_replace": "SELECT length(replace(replace(replace(hex(zeroblob(40000)), '0', 'ab'), 'a', 'cd'), 'c', 'ef'))",
+    "like_long_pattern": "SELECT hex(zeroblob(49000)) LIKE '%" + "0%" * 400 + "1'",
+}
+
+
+@pytest.mark.parametrize("sql", ONE_INSTRUCTION_LOOPS.values(), ids=ONE_INSTRUCTION_LOOPS.keys())
+def test_time_limit_is_a_wall_clock_bound_for_one_instruction_loops(db: Path, sql: str) -> None:
+    """The query's wall time is at most timeout_s + KILL_GRACE_S (+ slack for a loaded host), whatever it does."""
+    from bench.sqlite_sandbox import KILL_GRACE_S, POOL
+
+    POOL.get().warm_up()  # a worker's start-up is not part of the query's time
+    limits = Limits(timeout_s=0.5)
+    t0 = time.perf_counter()
+    res = run_query(db, sql, limits)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < limits.timeout_s + KILL_GRACE_S + 0.5, f"took {elapsed:.2f}s: {res}"
+    if res.error is None:  # finished in time: then it stayed within the value-size limit
+        assert all(len(str(v)) <= DEFAULT_LIMITS.max_value_bytes for row in res.rows for v in row), res
+    assert reward(ex(db, "SELECT 1"), block(sql), limits).score == 0.0
+
+
+def test_four_printf_bombs_in_a_row_take_four_time_limits_not_more(db: Path) -> None:
+    """A worker killed for one bomb is replaced; the next bomb is bounded the same way (issue 13: four took 27 s)."""
+    from bench.sqlite_sandbox import KILL_GRACE_S, POOL
+
+    POOL.get().warm_up()
+    limits = Limits(timeout_s=0.5)
+    t0 = time.perf_counter()
+    for _ in range(4):
+        assert run_query(db, ONE_INSTRUCTION_LOOPS["printf_width"], limits).error
+    assert time.perf_counter() - t0 < 4 * (limits.timeout_s + KILL_GRACE_S) + 4.0  # + restarts of ~0.1 s each
+    assert run_query(db, "SELECT count(*) FROM singer", limits).rows == ((len(SINGERS),),)  # the pool still works
+
+
+def test_temporary_storage_stays_in_memory_under_the_heap_limit(db: Path) -> None:
+    """A recursive CTE sorted by a 90 kB column (issue 13: 1.7 GB of SQLite temp files in 2 s) fails with
+    out-of-memory under the worker's heap limit; the workers' temp directory stays empty and their file-size limit is
+    0, so no query can write to disk."""
+    from bench.sqlite_sandbox import POOL, TEMP_DIR
+
+    sql = (
+        "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 100000) "
+        "SELECT i FROM r ORDER BY substr(hex(zeroblob(45000)), 1, 90000) || i"
+    )
+    t0 = time.perf_counter()
+    res = run_query(db, sql, Limits(timeout_s=2.0))
+    assert res.error is not None and time.perf_counter() - t0 < 3.0, res
+    assert reward(ex(db, "SELECT 1"), block(sql)).score == 0.0
+    assert TEMP_DIR.is_dir() and not any(TEMP_DIR.iterdir()), list(TEMP_DIR.iterdir())
+    for pid in POOL.get().pids():
+        limits = Path(f"/proc/{pid}/limits").read_text()
+        assert re.search(r"Max file size\s+0\s+0|Max file size\s+0\s", limits), limits
 
 
 def test_gold_over_limits_is_unscorable(db: Path) -> None:

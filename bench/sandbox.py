@@ -1,0 +1,295 @@
+"""Killable worker processes for work on untrusted input (a reward's verifier, a model-written query).
+
+A limit checked inside the work (a signal, an SQLite progress handler) fails when the work is stuck inside one C call:
+a huge integer power in sympy, ``printf('%.*c', 2147483647, 'x')`` in SQLite. Here the work runs in a pool of worker
+processes; the caller waits at most ``timeout_s`` for the answer, and a worker that has not answered is killed
+(SIGKILL) and replaced, so the wall time of one call is bounded for any input. Workers are started with
+``start_new_session`` (a Ctrl-C reaches the harness, not them), shut down at exit and never shared with forked
+children.
+
+Protocol: one JSON object per line each way. The first line a worker writes is ``{"ready": true}`` or
+``{"ready": false, "error": ...}``; then one reply per request. A request carries ``"cpu"``: a CPU-seconds budget for
+the worker's own RLIMIT_CPU backstop (it outlives a parent that was killed). Used by tasks/math.py (math-verify) and
+bench/sqlite_sandbox.py (text-to-SQL execution).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import resource
+import select
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+STARTUP_TIMEOUT_S = 120.0
+"""How long a call waits for a freshly started worker to become ready (generous: the host may be loaded)."""
+
+
+def limit_cpu(extra_s: float) -> None:
+    """In a worker, before each request: RLIMIT_CPU at the CPU time used so far + ``extra_s``, a backstop for a worker
+    whose parent was killed (SIGXCPU ends it); the parent's kill is the real bound."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = math.ceil(used.ru_utime + used.ru_stime) + int(extra_s)
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu if hard == resource.RLIM_INFINITY else min(cpu, hard), hard))
+
+
+class WorkerStartError(RuntimeError):
+    """A worker could not start (a package missing, or the host too slow): an environment error, raised rather than
+    scored 0, so a broken setup cannot silently fail every answer."""
+
+
+class Worker:
+    """One worker process and its line-based pipe protocol."""
+
+    def __init__(self, argv: list[str], name: str, env: dict[str, str] | None = None):
+        self.name = name
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            bufsize=0,
+            close_fds=True,
+            start_new_session=True,  # a Ctrl-C in the terminal reaches the harness, not the workers
+            env=env,
+        )
+        self._in, self._out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        self._poll = select.poll()  # poll, not select: no FD_SETSIZE limit in processes with many open files
+        self._poll.register(self._out, select.POLLIN | select.POLLHUP | select.POLLERR)
+        self._buf = b""
+        self.ready = False
+
+    def _readline(self, timeout_s: float) -> dict | None:
+        """The next message, None on timeout; EOFError when the worker died."""
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._poll.poll(max(1, int(remaining * 1000))):
+                if time.monotonic() >= deadline:
+                    return None
+                continue
+            chunk = os.read(self._out, 1 << 16)
+            if not chunk:
+                raise EOFError("worker exited")
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return json.loads(line)
+
+    def wait_ready(self) -> None:
+        if self.ready:
+            return
+        try:
+            msg = self._readline(STARTUP_TIMEOUT_S)
+        except (EOFError, ValueError) as e:
+            msg = {"ready": False, "error": f"worker exited during startup ({e})"}
+        if msg is None:
+            msg = {"ready": False, "error": f"no answer within STARTUP_TIMEOUT_S={STARTUP_TIMEOUT_S:g} s"}
+        if not msg.get("ready"):
+            self.kill()
+            raise WorkerStartError(f"{self.name} worker failed to start: {msg.get('error')}")
+        self.ready = True
+
+    def request(self, payload: dict, timeout_s: float) -> dict:
+        """Send one request, wait up to timeout_s; {"status": "timeout"|"crashed"} when there is no answer."""
+        self.wait_ready()
+        data = json.dumps(payload).encode() + b"\n"
+        try:
+            while data:
+                data = data[os.write(self._in, data) :]
+            msg = self._readline(timeout_s)
+        except (OSError, EOFError, ValueError):
+            return {"status": "crashed"}
+        return {"status": "timeout"} if msg is None else msg
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass  # reaped at shutdown
+
+    def close(self, grace_s: float) -> None:
+        """Ask politely (EOF on stdin ends the worker's loop), then kill."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=grace_s)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill()
+
+
+class WorkerPool:
+    """Up to ``max_workers`` worker processes, started lazily, shared by all threads of this process.
+
+    ``command(memory_mb)`` is the argv of one worker. A call takes an idle worker (or starts one, or waits for one),
+    sends one request and waits ``timeout_s``. A worker that timed out or died is killed and a replacement is started
+    at once, so it warms up in the background.
+    """
+
+    def __init__(
+        self,
+        command: Callable[[int], list[str]],
+        name: str,
+        max_workers: int = 2,
+        memory_mb: int = 4096,
+        env: dict[str, str] | None = None,
+    ):
+        self.command, self.name, self.env = command, name, env
+        self.max_workers, self.memory_mb = max_workers, memory_mb
+        self._cond = threading.Condition()
+        self._idle: list[Worker] = []
+        self._all: set[Worker] = set()
+        self._starting = 0
+        self._closed = False
+        self.restarts = 0
+        """Workers killed after a timeout or crash (each replaced)."""
+
+    def configure(self, max_workers: int, memory_mb: int) -> None:
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        with self._cond:
+            self.max_workers, self.memory_mb = max_workers, memory_mb
+            self._cond.notify_all()
+
+    def pids(self) -> list[int]:
+        """Process ids of the live workers."""
+        with self._cond:
+            return sorted(w.proc.pid for w in self._all if w.proc.poll() is None)
+
+    def _start(self) -> Worker:
+        w = Worker(self.command(self.memory_mb), self.name, self.env)
+        with self._cond:
+            self._all.add(w)
+        return w
+
+    def _acquire(self) -> Worker:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise RuntimeError(f"the {self.name} worker pool is shut down")
+                if self._idle:
+                    return self._idle.pop()
+                if len(self._all) + self._starting < self.max_workers:
+                    self._starting += 1
+                    break
+                self._cond.wait()
+        try:
+            return self._start()
+        finally:
+            with self._cond:
+                self._starting -= 1
+
+    def _release(self, w: Worker, healthy: bool) -> None:
+        with self._cond:
+            keep = healthy and not self._closed and len(self._all) <= self.max_workers
+            if keep:
+                self._idle.append(w)
+            else:
+                self._all.discard(w)
+            self._cond.notify()
+        if not keep:
+            w.kill()
+            if not healthy:
+                with self._cond:
+                    self.restarts += 1
+                    replace = not self._closed and len(self._all) + self._starting < self.max_workers
+                    if replace:
+                        self._starting += 1
+                if replace:
+                    try:
+                        fresh = self._start()
+                    finally:
+                        with self._cond:
+                            self._starting -= 1
+                    self._release(fresh, True)
+
+    def call(self, payload: dict, timeout_s: float) -> dict:
+        """One request; the reply, or {"status": "timeout"} / {"status": "crashed"}. Raises WorkerStartError."""
+        w = self._acquire()
+        healthy = False
+        try:
+            w.wait_ready()  # a worker's start-up is not counted against the request's time limit
+            reply = w.request({**payload, "cpu": int(timeout_s) + 10}, timeout_s)
+            healthy = reply.get("status") in ("ok", "error")
+            return reply
+        finally:
+            self._release(w, healthy)
+
+    def warm_up(self) -> None:
+        """Start ``max_workers`` workers and wait until every idle one is ready."""
+        workers = []
+        with self._cond:
+            workers.extend(self._idle)
+            self._idle.clear()
+        while len(workers) < self.max_workers and len(self._all) < self.max_workers:
+            workers.append(self._start())
+        try:
+            for w in workers:
+                w.wait_ready()
+        finally:
+            for w in workers:
+                self._release(w, w.proc.poll() is None)
+
+    def shutdown(self, grace_s: float = 0.5) -> None:
+        """Stop every worker (idle and busy); the pool refuses later calls."""
+        with self._cond:
+            self._closed = True
+            workers = list(self._all)
+            self._all.clear()
+            self._idle.clear()
+            self._cond.notify_all()
+        for w in workers:
+            w.close(grace_s)
+
+
+class SharedPool:
+    """The process-wide pool of one kind of worker: created on first use, resized by ``configure``, stopped at exit,
+    and forgotten (not killed) in a forked child, which starts its own."""
+
+    def __init__(self, command: Callable[[int], list[str]], name: str, max_workers: int = 2, memory_mb: int = 4096,
+                 env: Callable[[], dict[str, str] | None] = lambda: None):  # fmt: skip
+        self.command, self.name, self.env = command, name, env
+        self.settings = {"max_workers": max_workers, "memory_mb": memory_mb}
+        self._lock = threading.Lock()
+        self._pool: WorkerPool | None = None
+        atexit.register(self.shutdown)
+        os.register_at_fork(after_in_child=self._forget_in_child)
+
+    def get(self) -> WorkerPool:
+        with self._lock:
+            if self._pool is None or self._pool._closed:
+                self._pool = WorkerPool(self.command, self.name, env=self.env(), **self.settings)
+            return self._pool
+
+    def configure(self, max_workers: int, memory_mb: int) -> None:
+        """Size and memory limit of the pool (now and for pools created after a shutdown)."""
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        with self._lock:
+            self.settings.update(max_workers=max_workers, memory_mb=memory_mb)
+            if self._pool is not None:
+                self._pool.configure(max_workers, memory_mb)
+
+    def shutdown(self) -> None:
+        """Stop the pool's workers (a later call starts a new pool)."""
+        with self._lock:
+            p = self._pool
+        if p is not None:
+            p.shutdown()
+
+    def _forget_in_child(self) -> None:
+        """After fork the workers belong to the parent: the child starts its own pool (and never kills the parent's)."""
+        self._lock = threading.Lock()
+        self._pool = None
