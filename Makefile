@@ -58,8 +58,14 @@ bench: $(VENV)/.bench-installed  ## performance: creditbench GRPO vs TRL GRPOTra
 bench-compile: install  ## torch.compile, a static KV cache, bf16 sampling: do they pay here? -> results/perf/compile-<config>.md
 	$(PY) scripts/bench_compile.py $(ARGS)
 
-ui: install  ## MLflow UI over the embedded store
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
+# Lean by default on a small machine: one server worker and no job runner (MLflow's defaults start 4 workers and a
+# job runner: 17 processes, ~3.2 GB). UI_WORKERS=4 UI_JOBS=true restore them.
+UI_PORT ?= 5000
+UI_WORKERS ?= 1
+UI_JOBS ?= false
+ui: install  ## MLflow UI over the embedded store (http://127.0.0.1:$(UI_PORT))
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=$(UI_JOBS) $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
+		--host 127.0.0.1 --port $(UI_PORT) --workers $(UI_WORKERS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -107,6 +107,15 @@ def cmd_sweep(ns) -> None:
         print(f"failed cells: {out['failed']} (logs under runs/sweeps/{name}/logs)")
     path = report(name, rest, x_axis=ns.x_axis, out=ns.out)
     print(f"report: {path}")
+    print(ui_hint(out["uri"], out["experiment_id"]))
+
+
+def ui_hint(uri: str, experiment_id: str) -> str:
+    """The line that ends a sweep: how to open its runs in the MLflow UI."""
+    url = f"http://127.0.0.1:5000/#/experiments/{experiment_id}"
+    if uri.startswith("sqlite:///"):
+        return f"compare the runs in the MLflow UI: make ui (or: mlflow ui --backend-store-uri {uri}), then open {url}"
+    return f"compare the runs in the MLflow UI of {uri} (experiment id {experiment_id})"
 
 
 def cmd_report(ns) -> None:

@@ -196,6 +196,93 @@ def test_report_numbers_match_mlflow(finished_sweep, tmp_path):
     assert {"report/summary.md", "report/summary.csv", "report/curves_step.png"} <= logged
 
 
+# ---- what a user sees in the MLflow UI ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def warm_sweep(tmp_path_factory):
+    """A real sweep with SFT warm starts, run through the command line (as `make sweep` does)."""
+    tmp = tmp_path_factory.mktemp("warm")
+    path = write_sweep(tmp, "warm", {"algorithm": ["grpo", "rloo"], "seed": [0]}, steps=3, workers=2,
+                       **{"overrides": None})  # fmt: skip
+    spec = yaml.safe_load(path.read_text())
+    overrides = [o for o in SMALL if not o.startswith(("trainer.max_steps", "trainer.progress_bar"))]
+    spec["overrides"] = overrides + [
+        "trainer.max_steps=3", "trainer.eval_every=1", "init=sft", "warm_start.max_steps=3",
+        f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", f"output_dir={tmp / 'runs'}",
+        f"cache_dir={tmp / 'cache'}",
+    ]  # fmt: skip
+    path.write_text(yaml.safe_dump(spec))
+    proc = subprocess.run([sys.executable, "-m", "bench", "sweep", str(path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp, proc.stdout, MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
+
+
+@pytest.mark.slow
+def test_warm_starts_live_in_their_own_experiment_and_cells_link_to_them(warm_sweep):
+    """Warm starts are not among a sweep's runs (their 600-step curves squashed the RL charts): their own experiment,
+    not nested, tagged; each cell names the warm start it started from."""
+    from bench.tracking import WARM_START_EXPERIMENT
+
+    tmp, _, client = warm_sweep
+    sweep_exp = client.get_experiment_by_name("sweep-warm")
+    assert not client.search_runs([sweep_exp.experiment_id], "tags.role = 'warm_start'")
+    warm_exp = client.get_experiment_by_name(WARM_START_EXPERIMENT)
+    (warm,) = client.search_runs([warm_exp.experiment_id], "tags.role = 'warm_start'")
+    assert "mlflow.parentRunId" not in warm.data.tags and warm.data.tags["sweep"] == "warm"
+    assert warm.data.tags["warm_start.key"]
+    cells = cell_runs(tmp, "warm")
+    assert len(cells) == 2
+    for r in cells:
+        assert r.data.tags["warm_start.run_id"] == warm.info.run_id, r.data.tags
+        assert Path(r.data.tags["warm_start.path"]).name.endswith(warm.data.tags["warm_start.key"])
+
+
+@pytest.mark.slow
+def test_experiments_open_on_their_runs_table(warm_sweep):
+    """MLflow 3 opens an experiment without ``mlflow.experimentKind`` on its GenAI traces overview."""
+    from bench.tracking import EXPERIMENT_KIND, WARM_START_EXPERIMENT
+
+    _, _, client = warm_sweep
+    for name in ("sweep-warm", WARM_START_EXPERIMENT):
+        assert client.get_experiment_by_name(name).tags.get("mlflow.experimentKind") == EXPERIMENT_KIND, name
+
+
+@pytest.mark.slow
+def test_budget_matched_eval_curves_have_every_point_in_place(warm_sweep):
+    """eval_vs_samples/accuracy has one point per evaluation, at the samples consumed by then, with eval/accuracy's
+    value: plotted against "Step" in the UI it is the budget-matched curve (pairing eval/accuracy with
+    rollout/samples_seen by step dropped the last point and shifted the rest)."""
+    tmp, _, client = warm_sweep
+    for r in cell_runs(tmp, "warm"):
+        acc = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "eval/accuracy")}
+        at = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "eval/at_samples_seen")}
+        by_samples = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "eval_vs_samples/accuracy")}
+        assert len(acc) == 4 and sorted(by_samples) == sorted(int(v) for v in at.values()), (acc, at, by_samples)
+        assert [by_samples[int(at[s])] for s in sorted(acc)] == [acc[s] for s in sorted(acc)]
+        assert sorted(by_samples)[-1] == 3 * 4 * 4  # 3 steps x 4 prompts x 4 completions: the last point is there
+        tokens = client.get_metric_history(r.info.run_id, "eval_vs_tokens/accuracy")
+        assert len(tokens) == 4
+
+
+@pytest.mark.slow
+def test_run_constants_are_params_and_no_metric_repeats_accuracy(warm_sweep):
+    tmp, _, client = warm_sweep
+    for r in cell_runs(tmp, "warm"):
+        assert "data/test_examples" in r.data.params and "data/train_examples" in r.data.params, r.data.params
+        assert not [k for k in r.data.metrics if k.startswith("data/")], sorted(r.data.metrics)
+        assert "eval/correct" not in r.data.metrics and "eval/accuracy" in r.data.metrics
+
+
+@pytest.mark.slow
+def test_sweep_output_shows_warm_start_progress_and_how_to_open_the_ui(warm_sweep):
+    _, out, client = warm_sweep
+    assert "1 SFT warm start(s) to train or reuse" in out, out[-2000:]  # stdout: the driver's lines
+    assert "warm start 1/1 (countdown tiny seed 0): trained in" in out, out[-2000:]
+    exp_id = client.get_experiment_by_name("sweep-warm").experiment_id
+    last = [line for line in out.splitlines() if line.strip()][-1]
+    assert "make ui" in last and f"http://127.0.0.1:5000/#/experiments/{exp_id}" in last, last
+
+
 # ---- kill and resume -------------------------------------------------------------------------------------------------
 def _alive(marker: str) -> list[int]:
     pids = []

@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from bench import ROOT
 from bench.config import compose
 from bench.run.train import resume, train
+from bench.tracking import WARM_START_EXPERIMENT
 
 STEP_METRICS = [
     "reward/mean",
@@ -111,9 +112,12 @@ def test_sft_warm_start_is_trained_once_and_reused(small, store, capsys):
     assert len(cached) == 1 and (cached[0] / "DONE").exists(), cached
     client = MlflowClient(tracking_uri=store["uri"])
     sft_runs = client.search_runs(
-        [client.get_experiment_by_name("creditbench").experiment_id], "attributes.run_name = 'countdown-sft-s11'"
+        [client.get_experiment_by_name(WARM_START_EXPERIMENT).experiment_id],
+        "attributes.run_name = 'countdown-sft-s11'",
     )
     assert len(sft_runs) == 1, [r.info.run_id for r in sft_runs]
+    rl_runs = client.search_runs([client.get_experiment_by_name("creditbench").experiment_id], "tags.init = 'sft'")
+    assert len(rl_runs) == 2 and {r.data.tags["warm_start.run_id"] for r in rl_runs} == {sft_runs[0].info.run_id}
 
 
 @pytest.mark.parametrize("sig,tag", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "KeyboardInterrupt")])

@@ -117,6 +117,19 @@ class PolicyModule(L.LightningModule):
         for logger in self.loggers:
             logger.log_metrics(metrics, step=self.step_count)
 
+    def log_against_budget(self, metrics: dict[str, float]) -> None:
+        """The headline eval metrics again, under ``eval_vs_samples/`` and ``eval_vs_tokens/`` with the samples or
+        tokens consumed so far as their MLflow step: MLflow pairs two metrics by step, so a chart of eval/accuracy
+        against rollout/samples_seen (logged at the rollout steps, including that step's batch) drops the last point
+        and shifts the others. With these, a chart's x-axis "Step" is the budget."""
+        heads = {k.split("/", 1)[1]: v for k, v in metrics.items()
+                 if k == "eval/accuracy" or (k.startswith("eval/mean@") and not k.endswith("_se"))}  # fmt: skip
+        for axis, prefix in (("samples_seen", "eval_vs_samples"), ("tokens_generated", "eval_vs_tokens")):
+            if hasattr(self, axis):
+                budget = int(getattr(self, axis))
+                for logger in self.loggers:
+                    logger.log_metrics({f"{prefix}/{k}": _value(v) for k, v in heads.items()}, step=budget)
+
     def on_train_start(self) -> None:
         if self.step_count == 0 and self.last_eval_step < 0:
             self.evaluate()
@@ -179,12 +192,16 @@ class PolicyModule(L.LightningModule):
                         length_mean=sum(lengths[i * k : (i + 1) * k]) / k,
                     )
         metrics = outcome_metrics(outcomes, k, e.pass_k)
-        metrics.update({f"eval/{name}": math.fsum(v) / len(v) for name, v in components.items()})
+        scores = [o["score"] for o in outcomes]
+        # A component equal to the score on every problem (countdown's correct, GSM8K's strict) is eval/accuracy's
+        # twin: not logged again.
+        metrics.update({f"eval/{name}": math.fsum(v) / len(v) for name, v in components.items() if v != scores})
         # The other x-axes at this evaluation, so curves can be drawn against samples or tokens as well as steps.
         for axis in ("samples_seen", "tokens_generated"):
             if hasattr(self, axis):
                 metrics[f"eval/at_{axis}"] = getattr(self, axis)
         self.log_metrics(metrics)
+        self.log_against_budget(metrics)
         for logger in self.loggers:
             if hasattr(logger, "log_table"):
                 logger.log_table(rows, f"eval/samples_step_{self.step_count:06d}.json")

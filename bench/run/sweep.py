@@ -41,7 +41,7 @@ from omegaconf.errors import OmegaConfBaseException
 from bench import ROOT
 from bench.config import CONF, ConfigError, compose, config_hash, to_yaml
 from bench.registry import did_you_mean
-from bench.tracking import artifact_root, tracking_uri
+from bench.tracking import WARM_START_EXPERIMENT, ensure_experiment, tracking_uri
 
 # Keys that do not change what a cell computes: left out of its identity.
 NOT_IN_IDENTITY = (
@@ -312,12 +312,7 @@ class Sweep:
         self.uri = tracking_uri(uri or cells[0].cfg.tracking.tracking_uri)
         self.client = MlflowClient(tracking_uri=self.uri)
         self.experiment = spec.experiment or f"sweep-{spec.name}"
-        exp = self.client.get_experiment_by_name(self.experiment)
-        self.exp_id = (
-            exp.experiment_id
-            if exp
-            else self.client.create_experiment(self.experiment, artifact_location=artifact_root(self.uri))
-        )
+        self.exp_id = ensure_experiment(self.client, self.experiment, self.uri)
         self.dir = Path(cells[0].cfg.output_dir)
         self.dir = (self.dir if self.dir.is_absolute() else ROOT / self.dir) / "sweeps" / spec.name
         (self.dir / "cells").mkdir(parents=True, exist_ok=True)
@@ -398,7 +393,11 @@ class Sweep:
 
     def stale_warm_starts(self) -> None:
         """Warm-start runs left RUNNING by a killed driver: their cache entry was never completed; mark them."""
-        for r in self.runs(role="warm_start"):
+        exp = self.client.get_experiment_by_name(WARM_START_EXPERIMENT)
+        found = exp and self.client.search_runs(
+            [exp.experiment_id], f"tags.sweep = '{self.spec.name}' and tags.role = 'warm_start'", max_results=50000
+        )
+        for r in found or ():
             if r.info.status == "RUNNING":
                 self.client.set_tag(r.info.run_id, "interrupted", "sweep driver stopped")
                 self.client.set_terminated(r.info.run_id, "KILLED")
@@ -436,12 +435,16 @@ class Sweep:
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         failed: dict[str, str] = {}
 
-        def warm(cfg_path: Path, key: str) -> int:
+        def warm(cfg_path: Path, key: str, warm_progress: WarmStartProgress) -> int:
             if stopping.is_set():
                 return -1
             log = self.dir / "logs" / f"warm_start-{key}.log"
             argv = [sys.executable, "-m", "bench", "warm-start", f"config_file={cfg_path}"]
-            return launcher.run(argv, log, threads, self.spec.resources.gpus_per_cell, env)
+            t0 = time.time()
+            rc = launcher.run(argv, log, threads, self.spec.resources.gpus_per_cell, env)
+            reused = rc == 0 and "reusing SFT warm start" in log.read_text(errors="replace")
+            warm_progress.finished(cfg_path, rc, reused, time.time() - t0)
+            return rc
 
         def attempt(cell: Cell) -> tuple[Cell, int | None]:
             rc = 0
@@ -484,10 +487,10 @@ class Sweep:
                         )
                         need.setdefault(key, paths[c.id])
                 if need:
-                    print(f"[sweep] {len(need)} SFT warm start(s) to train or reuse", flush=True)
-                    for rc in pool.map(lambda kv: warm(kv[1], kv[0]), need.items()):
+                    wp = WarmStartProgress(progress, len(need), workers, {p: c for c in todo for p in [paths[c.id]]})
+                    for rc in pool.map(lambda kv: warm(kv[1], kv[0], wp), need.items()):
                         if rc not in (0, -1):
-                            print(f"[sweep] a warm start failed (exit {rc}); see {self.dir / 'logs'}", flush=True)
+                            progress.note(f"a warm start failed (exit {rc}); see {self.dir / 'logs'}")
                 # 2. The cells.
                 futures = [pool.submit(attempt, c) for c in todo]
                 for fut in as_completed(futures):
@@ -577,6 +580,41 @@ class Progress:
         self.bar.close()
 
 
+class WarmStartProgress:
+    """One line per SFT warm start as it finishes: trained or reused, done / total, and an ETA from the trained ones
+    (reused ones take seconds)."""
+
+    def __init__(self, progress: Progress, total: int, workers: int, cell_of: dict[Path, Cell]):
+        self.progress, self.total, self.workers, self.cell_of = progress, total, workers, cell_of
+        self.done = self.trained = self.reused = self.failed = 0
+        self.trained_s: list[float] = []
+        progress.note(f"{total} SFT warm start(s) to train or reuse (their own MLflow experiment), then the cells")
+
+    def finished(self, cfg_path: Path, rc: int, reused: bool, seconds: float) -> None:
+        with self.progress.lock:
+            self.done += 1
+            if rc != 0:
+                self.failed += 1
+                what = f"FAILED (exit {rc})"
+            elif reused:
+                self.reused += 1
+                what = "reused"
+            else:
+                self.trained += 1
+                self.trained_s.append(seconds)
+                what = f"trained in {seconds:.0f} s"
+            left = self.total - self.done
+            eta = ""
+            if self.trained_s and left:
+                eta = f", ETA {sum(self.trained_s) / len(self.trained_s) * left / self.workers / 60:.1f} min"
+            c = self.cell_of.get(cfg_path)
+            where = f"{c.cfg.task.name} {c.cfg.model.name} seed {c.cfg.seed}" if c is not None else cfg_path.stem
+            self.progress.bar.write(
+                f"[sweep {self.progress.name}] warm start {self.done}/{self.total} ({where}): {what} | trained "
+                f"{self.trained}, reused {self.reused}, failed {self.failed}, remaining {left}{eta}"
+            )
+
+
 def load_plan(name: str, overrides: list[str] = ()) -> tuple[SweepSpec, list[Cell]]:
     """``overrides``: ``sweep.<key>=...`` edit the sweep file's fields; anything else is a config override for every
     cell (and so part of each cell's identity: pass the same ones to ``report``)."""
@@ -590,5 +628,6 @@ def run_sweep(name: str, overrides: list[str] = (), launcher: str | None = None)
     sweep = Sweep(spec, cells)
     t0 = time.time()
     out = sweep.run(launcher, list(overrides))
-    out.update(experiment=sweep.experiment, cells=len(cells), wall_clock_s=time.time() - t0, uri=sweep.uri)
+    out.update(experiment=sweep.experiment, cells=len(cells), wall_clock_s=time.time() - t0, uri=sweep.uri,
+               experiment_id=sweep.exp_id)  # fmt: skip
     return out

@@ -27,7 +27,7 @@ from bench.config import ConfigError, compose, config_hash, flatten, to_yaml
 from bench.engine.policy import Reference, load_policy
 from bench.registry import ALGORITHMS, TASKS
 from bench.task import Task
-from bench.tracking import BenchLogger, artifact_root, git_commit, tracking_uri
+from bench.tracking import WARM_START_EXPERIMENT, BenchLogger, artifact_root, git_commit, tracking_uri
 
 # Keys that do not change what a run computes: excluded from the SFT cache key.
 _NOT_IN_KEY = (
@@ -154,9 +154,14 @@ def ensure_sft(cfg: DictConfig) -> Path:
     sft.model.lora.enabled = False  # NOTE: the warm start is a full fine-tune; LoRA, if any, applies to RL only
     # Its own run name; of a sweep's tags only the sweep's name (not the cell's identity or axis values).
     sft.tracking.run_name = None
-    sft.tracking.tags = {k: v for k, v in cfg.tracking.tags.items() if k == "sweep"} | {"role": "warm_start"}
     sft.init = "scratch"
     key = config_hash(sft, drop=_NOT_IN_KEY)
+    # In its own experiment, not nested under a sweep's run: a warm start is shared by every cell (and every later
+    # experiment) with the same key, and its 600-step curves would stretch the RL charts. The cells link to it.
+    sft.tracking.experiment = WARM_START_EXPERIMENT
+    sft.tracking.parent_run_id = None
+    sweep = {k: v for k, v in cfg.tracking.tags.items() if k == "sweep"}  # the sweep that trained it, for provenance
+    sft.tracking.tags = sweep | {"role": "warm_start", "warm_start.key": key}
     target = _path(cfg.cache_dir) / "sft" / f"{cfg.task.name}-{cfg.model.name}-s{cfg.seed}-{key}"
     target.parent.mkdir(parents=True, exist_ok=True)
     # One process trains a given warm start; concurrent runs (a sweep's workers) wait for it and reuse it.
@@ -181,8 +186,12 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
         torch.set_num_threads(cfg.trainer.num_threads)
     L.seed_everything(cfg.seed, verbose=False)
     init_path = {"scratch": None, "sft": None}.get(cfg.init, cfg.init)
+    warm_tags = {}
     if cfg.init == "sft":
         init_path = ensure_sft(cfg)
+        done = json.loads((init_path / "DONE").read_text())
+        warm_tags = {"warm_start.run_id": str(done.get("mlflow_run_id")), "warm_start.path": str(init_path),
+                     "warm_start.experiment": WARM_START_EXPERIMENT}  # fmt: skip
     elif init_path is not None and not _path(init_path).exists():
         raise ConfigError(f"init={cfg.init!r}: no such folder; use scratch, sft, or a path to an HF model folder")
     algo_cls, task_cls = ALGORITHMS.get(cfg.algorithm.name), TASKS.get(cfg.task.name)
@@ -227,6 +236,7 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
         "run_dir": str(run_dir),
     }
     tags.update(cfg.tracking.tags)
+    tags.update(warm_tags)
     if cfg.tracking.parent_run_id:
         tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id  # nested under the sweep's run in the UI
     if hasattr(obj.algorithm, "choices"):  # the critic-free family's explicit choices, as tags for grouping in the UI
@@ -249,7 +259,8 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
         logger.experiment.set_tag(run_id, "resumed", time.strftime("%Y-%m-%dT%H:%M:%S"))
     dm.examples("train")
     dm.eval_examples()
-    logger.log_metrics({f"data/{k}": v for k, v in dm.data_stats().items()}, step=0)
+    if resume_dir is None:  # constants of the run: params, not metrics (they would fill the first chart section)
+        logger.log_hyperparams({f"data/{k}": v for k, v in dm.data_stats().items()})
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     module.checkpoint_path = ckpt
     callbacks = [_Interrupted(ckpt, logger)]
