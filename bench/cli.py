@@ -112,7 +112,9 @@ def cmd_sweep(ns) -> None:
 
 def ui_hint(uri: str, experiment_id: str) -> str:
     """The line that ends a sweep: how to open its runs in the MLflow UI."""
-    url = f"http://127.0.0.1:5000/#/experiments/{experiment_id}"
+    from bench.tracking import ui_url
+
+    url = ui_url(experiment_id)
     if uri.startswith("sqlite:///"):
         return f"compare the runs in the MLflow UI: make ui (or: mlflow ui --backend-store-uri {uri}), then open {url}"
     return f"compare the runs in the MLflow UI of {uri} (experiment id {experiment_id})"

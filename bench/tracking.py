@@ -33,8 +33,18 @@ def artifact_root(uri: str) -> str | None:
 
 
 EXPERIMENT_KIND = "custom_model_development"
-"""MLflow 3 opens an experiment on its GenAI traces overview unless the tag ``mlflow.experimentKind`` says otherwise;
-this kind opens the runs table (checked on MLflow 3.17 in headless Chromium)."""
+"""The experiment's ``mlflow.experimentKind`` tag: a model-training experiment, not a GenAI one. MLflow 3.17's UI also
+keeps a browser-wide workflow type that starts as GenAI (its traces overview): UI_QUERY selects the runs table
+(checked in headless Chromium; once a user picks "Model training" the browser remembers it)."""
+UI_QUERY = "?workflowType=machine_learning"
+"""Appended to experiment URLs printed for users (``ui_url``)."""
+
+
+def ui_url(experiment_id: str, host: str = "http://127.0.0.1:5000") -> str:
+    """The MLflow UI address of an experiment's runs table."""
+    return f"{host}/#/experiments/{experiment_id}{UI_QUERY}"
+
+
 WARM_START_EXPERIMENT = "creditbench-warm-starts"
 """SFT warm starts are tracked here, apart from the RL runs that start from them (a cell links to its warm start with
 the tags ``warm_start.run_id`` and ``warm_start.path``): one cache, shared by every experiment and sweep."""

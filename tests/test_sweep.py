@@ -280,7 +280,8 @@ def test_sweep_output_shows_warm_start_progress_and_how_to_open_the_ui(warm_swee
     assert "warm start 1/1 (countdown tiny seed 0): trained in" in out, out[-2000:]
     exp_id = client.get_experiment_by_name("sweep-warm").experiment_id
     last = [line for line in out.splitlines() if line.strip()][-1]
-    assert "make ui" in last and f"http://127.0.0.1:5000/#/experiments/{exp_id}" in last, last
+    url = f"http://127.0.0.1:5000/#/experiments/{exp_id}?workflowType=machine_learning"  # opens on the runs table
+    assert "make ui" in last and url in last, last
 
 
 # ---- kill and resume -------------------------------------------------------------------------------------------------
