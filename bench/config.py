@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,7 +223,8 @@ def _merge(base: DictConfig, layer: DictConfig | dict, source: str) -> DictConfi
         return OmegaConf.merge(base, layer)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or ""
-        msg = str(e).splitlines()[0]
+        # OmegaConf's own "Did you mean" names the leaf only; ours (below) names the full key: keep one.
+        msg = re.sub(r"\s*Did you mean.*$", "", str(e).splitlines()[0]).rstrip(" .?")
         valid = _keys(base)
         hint = did_you_mean(key, valid) if key else ""
         if not hint and key:

@@ -25,6 +25,10 @@ def test_unknown_key_names_nearest():
         compose(["algorithm=grpo", "task=countdown", "algorithm.clip_eps_hihg=0.3"])
     with pytest.raises(ConfigError, match=r"trainer\.max_step\b.*Did you mean 'trainer\.max_steps'"):
         compose(["algorithm=grpo", "task=countdown", "trainer.max_step=3"])
+    with pytest.raises(ConfigError) as err:
+        compose(["algorithm=grpo", "task=countdown", "algorithm.clip_eps_hgh=0.3"])
+    text = str(err.value)  # one suggestion, with full keys (OmegaConf's own leaf-only one dropped)
+    assert text.count("Did you mean") == 1 and "'algorithm.clip_eps_high'" in text and "?." not in text, text
 
 
 def test_wrong_type_names_key():

@@ -254,3 +254,19 @@ def test_local_model_folder_as_policy(small, store):
     folder = first.run_dir / "final"
     result = train(compose(["algorithm=grpo", "task=countdown", f"model.name_or_path={folder}", *small]))
     assert result.first_eval["eval/accuracy"] == first.last_eval["eval/accuracy"], "same weights, same greedy eval"
+
+
+def test_console_carries_no_advertisement_or_foreign_deprecation(tmp_path):
+    """A run's console has the harness's own lines, not Lightning's cloud tips, torch's deprecation of Lightning's
+    _pytree check, or the weights_only default notice (issue 16: printed twice per run, between the bars)."""
+    from tests.conftest import SMALL
+
+    args = [*SMALL, "trainer.progress_bar=false", f"output_dir={tmp_path / 'runs'}", f"cache_dir={tmp_path / 'c'}",
+            f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "trainer.checkpoint_every=1"]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "bench", "train", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-2000:]
+    for noise in ("💡 Tip", "litlogger", "litmodels", "LeafSpec", "weights_only"):
+        assert noise not in out, (noise, out[-2000:])
+    assert "held-out accuracy (greedy pass@1)" in out

@@ -149,7 +149,7 @@ class PolicyModule(L.LightningModule):
         if done:
             self.trainer.should_stop = True
         if self.checkpoint_path and (done or self.step_count % self.cfg.trainer.checkpoint_every == 0):
-            self.trainer.save_checkpoint(self.checkpoint_path)
+            self.trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # the full state: resumable
 
     # ---- evaluation ---------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import shutil
 import signal
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,20 @@ from bench.task import Task
 from bench.tracking import WARM_START_EXPERIMENT, BenchLogger, artifact_root, git_commit, tracking_uri
 
 # Keys that do not change what a run computes: excluded from the SFT cache key.
+
+
+class _NotTheirs(logging.Filter):
+    """Lightning's advertisements for its cloud products ("💡 Tip: ... litlogger / litmodels"): nothing a user of
+    this harness acts on, printed for every run between the progress bars."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NotTheirs())
+# torch deprecates a check Lightning's own _pytree makes (fixed upstream, not ours to act on)
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+
 _NOT_IN_KEY = (
     "tracking",
     "eval",
@@ -121,7 +137,7 @@ class _Interrupted(Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
-            trainer.save_checkpoint(self.ckpt)
+            trainer.save_checkpoint(self.ckpt, weights_only=False)
             self.logger.status_override = "KILLED"
             self.logger.experiment.set_tag(
                 self.logger.run_id, "interrupted", f"{type(exception).__name__} at step {pl_module.step_count}"
