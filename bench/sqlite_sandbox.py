@@ -19,10 +19,12 @@ This module imports only the standard library: a worker starts in ~0.1 s.
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
 import resource
+import shutil
 import signal
 import sqlite3
 import sys
@@ -177,6 +179,7 @@ WORKER_MEMORY_MB = 2048
 """Address-space limit of a worker process (the heap limit above, a result of MAX_RESULT_CHARS, Python itself)."""
 TEMP_DIR = Path(tempfile.mkdtemp(prefix="creditbench-sqlite-"))
 """SQLITE_TMPDIR of the workers: stays empty (temp_store = MEMORY, RLIMIT_FSIZE = 0)."""
+atexit.register(shutil.rmtree, TEMP_DIR, True)
 
 
 def _encode(v: Any) -> Any:

@@ -492,7 +492,8 @@ class Math(Task):
         return normalise_problem(example.question)[: self.cfg.plain_prompt_chars] + "\n"
 
     def reward_time_bound_s(self) -> float:
-        return self.cfg.verify_timeout_s + 1.0  # the worker's limit, then the kill and the scan
+        # the worker's limit, then the kill and the scan; + a worker's restart when the previous call killed one
+        return self.cfg.verify_timeout_s + 10.0
 
     def reward(self, example: Example, completion: str) -> RewardResult:
         return reward(example, completion, self.cfg.verify_timeout_s)

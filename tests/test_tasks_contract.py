@@ -115,9 +115,11 @@ def test_reward_fuzz_never_raises_stays_in_its_time_bound_and_leaves_databases_i
     examples = task.eval_examples()[:5]
     before = _databases(task)
     bound = task.reward_time_bound_s()
-    task.reward(examples[0], "")  # warm the verifier (a worker's start-up is not part of a call's bound)
+    # warm the verifier: the gold goes through it (a worker's start-up is not part of a call's bound)
+    task.reward(examples[0], task.gold_completion(examples[0]) or "")
 
-    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    # derandomized: the same cases on every machine, so CI and a laptop test the same inputs
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
     @given(st.sampled_from(range(len(examples))).flatmap(
         lambda i: st.tuples(st.just(i), _completions(task.gold_completion(examples[i])))))  # fmt: skip
     def fuzz(case):

@@ -1,8 +1,8 @@
 """Screenshots of the MLflow UI over a sweep, in headless Chromium (playwright, outside the project's venv).
 
-    python -m venv /tmp/ui && /tmp/ui/bin/pip install playwright     # uses the system chromium, no download
-    make ui UI_PORT=5055 &                                              # or mlflow ui ... --workers 1
-    /tmp/ui/bin/python results/ui/shots.py http://127.0.0.1:5055 <experiment id> results/ui
+python -m venv /tmp/ui && /tmp/ui/bin/pip install playwright     # uses the system chromium, no download
+make ui UI_PORT=5055 &                                              # or mlflow ui ... --workers 1
+/tmp/ui/bin/python results/ui/shots.py http://127.0.0.1:5055 <experiment id> results/ui
 """
 
 import sys
