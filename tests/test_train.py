@@ -116,7 +116,9 @@ def test_sft_warm_start_is_trained_once_and_reused(small, store, capsys):
         "attributes.run_name = 'countdown-sft-s11'",
     )
     assert len(sft_runs) == 1, [r.info.run_id for r in sft_runs]
-    rl_runs = client.search_runs([client.get_experiment_by_name("creditbench").experiment_id], "tags.init = 'sft'")
+    rl_runs = client.search_runs(
+        [client.get_experiment_by_name("creditbench").experiment_id], "tags.init = 'sft' and tags.seed = '11'"
+    )
     assert len(rl_runs) == 2 and {r.data.tags["warm_start.run_id"] for r in rl_runs} == {sft_runs[0].info.run_id}
 
 
