@@ -76,7 +76,12 @@ def cmd_main(args: list[str]) -> None:
     print(f"  held-out greedy accuracy after SFT (before RL): {before:.3f}")
     print(f"  held-out greedy accuracy after GRPO:            {after:.3f}   ({n} evaluations logged)")
     print(f"  MLflow run: {result.run_id}")
-    print(f"  open the results: make ui   (then http://127.0.0.1:5000, experiment '{cfg.tracking.experiment}')")
+    from mlflow.tracking import MlflowClient
+
+    from bench.tracking import tracking_uri, ui_url
+
+    exp = MlflowClient(tracking_uri(cfg.tracking.tracking_uri)).get_run(result.run_id).info.experiment_id
+    print(f"  open the results: make ui, then {ui_url(exp)}  (experiment '{cfg.tracking.experiment}')")
     print("=" * 72)
 
 
