@@ -487,7 +487,7 @@ class Sweep:
                         )
                         need.setdefault(key, paths[c.id])
                 if need:
-                    wp = WarmStartProgress(progress, len(need), workers, {p: c for c in todo for p in [paths[c.id]]})
+                    wp = WarmStartProgress(progress, len(need), workers, {paths[c.id]: c for c in todo})
                     for rc in pool.map(lambda kv: warm(kv[1], kv[0], wp), need.items()):
                         if rc not in (0, -1):
                             progress.note(f"a warm start failed (exit {rc}); see {self.dir / 'logs'}")

@@ -31,8 +31,6 @@ from bench.registry import ALGORITHMS, TASKS
 from bench.task import Task
 from bench.tracking import WARM_START_EXPERIMENT, BenchLogger, artifact_root, git_commit, tracking_uri
 
-# Keys that do not change what a run computes: excluded from the SFT cache key.
-
 
 class _NotTheirs(logging.Filter):
     """Lightning's advertisements for its cloud products ("💡 Tip: ... litlogger / litmodels"): nothing a user of
@@ -46,6 +44,7 @@ logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NotTheirs(
 # torch deprecates a check Lightning's own _pytree makes (fixed upstream, not ours to act on)
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
+# Keys that do not change what a run computes: excluded from the SFT cache key.
 _NOT_IN_KEY = (
     "tracking",
     "eval",
