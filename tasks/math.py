@@ -421,21 +421,15 @@ class Math(Task):
     # -- raw rows --
     def _rows(self, which: str) -> list[dict]:
         file = {"math500": "math500_test.jsonl", "train": "math_train.jsonl"}[which]
-        if self.cfg.data_root is None:
-            try:
-                import datasets  # noqa: F401
-            except ImportError:
-                self.data_file("math", file)  # raises the standard missing-data error
-            return self._hub_rows(which)
+        if self.use_hub():
+            return self._hub_rows(which, ("math", file))
         return read_jsonl(self.data_file("math", file))
 
-    def _hub_rows(self, which: str) -> list[dict]:
-        import datasets
-
+    def _hub_rows(self, which: str, local: tuple[str, str]) -> list[dict]:
         if which == "math500":
-            return [dict(r) for r in datasets.load_dataset(self.hub_dataset, split="test")]
+            return [dict(r) for r in self.load_hub(local, split="test")]
         rows = []
-        for r in datasets.load_dataset(HUB_TRAIN_DATASET, split="train"):
+        for r in self.load_hub(local, dataset=HUB_TRAIN_DATASET, split="train"):
             box = find_last_box(r["solution"])
             answer = box[0] if box else ""
             rows.append({"problem": r["problem"], "answer": answer, "level": r["level"], "type": r["type"]})

@@ -486,7 +486,8 @@ class TextToSQL(Task):
     Config = TextToSQLConfig
     version = "1"
     description = "Spider text-to-SQL: one SQLite query per question, scored by sandboxed execution match."
-    hub_dataset = "xlangai/spider"
+    hub_dataset = None
+    """No hub fallback: the hub's xlangai/spider has the questions but not the SQLite databases the reward runs on."""
 
     cfg: TextToSQLConfig
 

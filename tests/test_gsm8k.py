@@ -4,6 +4,7 @@ prompts, and every gold solution of the real data scoring 1."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -12,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tasks.gsm8k as gsm8k_module
 from bench.task import Example
 from tasks.gsm8k import (
     MAX_SCAN_CHARS,
@@ -454,9 +454,10 @@ def test_missing_data_raises_with_fix(tmp_path: Path, monkeypatch) -> None:
         task.load_split("test")
     msg = str(err.value)
     assert str(tmp_path / "gsm8k" / "test.jsonl") in msg and "BENCH_DATA" in msg and "openai/gsm8k" in msg, msg
-    monkeypatch.setattr(gsm8k_module, "_hub_available", lambda: False)
-    with pytest.raises(FileNotFoundError, match="BENCH_DATA"):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # datasets not installed: no hub fallback
+    with pytest.raises(FileNotFoundError, match="BENCH_DATA") as err:
         Gsm8k(Gsm8kConfig(data_root=None)).load_split("train")
+    assert "install `datasets` and use the hub dataset openai/gsm8k" in str(err.value), str(err.value)
 
 
 def test_malformed_rows_fail_loudly(tmp_path: Path) -> None:

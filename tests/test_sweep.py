@@ -106,9 +106,9 @@ def test_report_labels_show_only_the_axes_that_vary_for_an_algorithm(tmp_path):
     ]
 
 
-def test_plan_rejects_a_bad_axis_key_naming_the_cell(tmp_path):
+def test_plan_rejects_a_bad_axis_key_naming_the_axis(tmp_path):
     p = write_sweep(tmp_path, "bad", {"algorithm": ["grpo"], "algorithm.clip_eps_hihg": [0.2]})
-    with pytest.raises(ConfigError, match=r"cell .*clip_eps_hihg.*clip_eps_high"):
+    with pytest.raises(ConfigError, match=r"axis 'algorithm.clip_eps_hihg' is not a config key.*clip_eps_high"):
         load_plan(str(p))
 
 

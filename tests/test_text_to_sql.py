@@ -411,8 +411,9 @@ def test_config_validation() -> None:
 
 
 def test_version_and_metadata() -> None:
-    """The task declares a version, a description and its hub dataset."""
-    assert TextToSQL.version == "1" and TextToSQL.description and TextToSQL.hub_dataset == "xlangai/spider"
+    """The task declares a version and a description, and no hub dataset: the hub's Spider has no databases, so a
+    missing data root must not send the user there."""
+    assert TextToSQL.version == "1" and TextToSQL.description and TextToSQL.hub_dataset is None
     assert TextToSQLConfig().name == "text_to_sql"
 
 
@@ -422,8 +423,9 @@ def test_missing_data_root_raises(tmp_path: Path) -> None:
         TextToSQL(TextToSQLConfig(data_root=str(tmp_path))).load_split("test")
     msg = str(err.value)
     assert str(tmp_path / "text2sql" / "spider") in msg and "BENCH_DATA" in msg, msg
-    with pytest.raises(FileNotFoundError, match="BENCH_DATA"):
+    with pytest.raises(FileNotFoundError, match="BENCH_DATA") as err:
         TextToSQL(TextToSQLConfig(data_root=None)).load_split("train")
+    assert "hub" not in str(err.value), str(err.value)
 
 
 def test_loading_counts_and_skips_on_a_fake_root(tmp_path: Path, db: Path) -> None:

@@ -90,6 +90,32 @@ def gguf_folder(package: str, filename: str, cache_dir: Path) -> Path:
     return target
 
 
+OFFLINE_MODELS = "model=tiny (built here, no download) or model=smollm2-135m (from its pip-installed GGUF)"
+
+
+def _from_pretrained(source: str, dtype: torch.dtype):
+    """Tokenizer and model from a local HF folder or a hub id; a missing folder or an unreachable or unknown hub id
+    is one FileNotFoundError that names it and the fix."""
+    folder = Path(source).expanduser()
+    # A hub id is "name" or "org/name"; anything else, or anything that exists here, is a local path.
+    looks_local = folder.exists() or source.startswith(("/", ".", "~")) or source.count("/") > 1
+    if looks_local and not folder.is_dir():
+        raise FileNotFoundError(
+            f"model.name_or_path={source!r}: no such directory. Point it at a folder written by save_pretrained "
+            f"(with config.json), at a hub id, or use {OFFLINE_MODELS}."
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder) if looks_local else source)
+        model = AutoModelForCausalLM.from_pretrained(str(folder) if looks_local else source, dtype=dtype)
+    except OSError as e:
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise FileNotFoundError(
+            f"model.name_or_path={source!r} could not be loaded ({first}). Pass a local folder written by "
+            f"save_pretrained, a hub id that exists (online, or already in the hub cache), or use {OFFLINE_MODELS}."
+        ) from e
+    return tokenizer, model.train()  # HF loads in eval mode
+
+
 def load_policy(cfg: ModelConfig, seed: int, init_path: str | Path | None = None, cache_dir: Path | None = None):
     """(model, tokenizer). ``init_path``: an HF folder (e.g. a cached SFT checkpoint) that replaces the weights."""
     dtype = getattr(torch, cfg.dtype)
@@ -100,8 +126,7 @@ def load_policy(cfg: ModelConfig, seed: int, init_path: str | Path | None = None
         tokenizer = char_tokenizer()
         model = tiny_model(cfg, len(tokenizer), seed).to(dtype)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).train()  # HF loads in eval mode
+        tokenizer, model = _from_pretrained(source, dtype)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -39,8 +39,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bench import ROOT
-from bench.config import CONF, ConfigError, compose, config_hash, to_yaml
-from bench.registry import did_you_mean
+from bench.config import CONF, ConfigError, compose, config_hash, omegaconf_message, to_yaml
+from bench.registry import RegistryError, did_you_mean
 from bench.tracking import WARM_START_EXPERIMENT, ensure_experiment, tracking_uri
 
 # Keys that do not change what a cell computes: left out of its identity.
@@ -149,7 +149,16 @@ def load_spec(name: str, overrides: list[str] = ()) -> SweepSpec:
         head, _, tail = key.partition(".")
         valid = list((nested[head] if tail and head in nested else SweepSpec).__dataclass_fields__)
         hint = did_you_mean(tail or head, valid) or f" Valid keys: {', '.join(valid)}."
-        raise ConfigError(f"bad sweep key {key!r} in {path}: {str(e).splitlines()[0]}{hint}") from None
+        where = f"{path} or the sweep.* overrides" if overrides else str(path)
+        raise ConfigError(f"bad sweep key {key!r} in {where}: {omegaconf_message(e)}.{hint}") from None
+    except (
+        TypeError,
+        ValueError,
+    ) as e:  # e.g. sweep.axes.algorithm.clip_eps_high=[...] against the list axes.algorithm
+        raise ConfigError(
+            f"sweep overrides {list(overrides)} do not fit {path} ({e}): a new axis whose key has dots is written "
+            "whole, e.g. sweep.axes='{algorithm.clip_eps_high: [0.2, 0.3]}'."
+        ) from None
     spec = OmegaConf.to_object(spec)
     spec.name = spec.name or path.stem
     for axis, values in spec.axes.items():
@@ -198,6 +207,13 @@ def plan(spec: SweepSpec, extra: list[str] = ()) -> list[Cell]:
         try:
             cfg = compose(args)
         except ConfigError as e:
+            if e.key in axes and e.key not in SELECTOR_AXES:
+                raise ConfigError(
+                    f"sweep {spec.name}: axis {e.key!r} is not a config key.{e.hint} Rename the axis in the sweep "
+                    "file (or in the sweep.axes override)."
+                ) from None
+            raise ConfigError(f"sweep {spec.name}, cell {axes}: {e}") from None
+        except RegistryError as e:
             raise ConfigError(f"sweep {spec.name}, cell {axes}: {e}") from None
         cid = config_hash(cfg, drop=NOT_IN_IDENTITY)
         if cid in seen:  # two axis values that resolve to the same run

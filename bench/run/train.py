@@ -324,6 +324,21 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> DictConfig:
 
 def resume(run_dir: str | Path, overrides: list[str] = ()) -> RunResult:
     d = _path(str(run_dir))
+    if not d.is_dir():
+        runs = sorted(d.parent.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        latest = f" The latest resumable one there: {runs[-1].parent.parent}." if runs else ""
+        raise ConfigError(
+            f"resume={run_dir}: no such directory ({d}). resume= takes the run directory that train printed "
+            f"(output_dir/<run name>, e.g. runs/countdown-grpo-s0-<time>).{latest}"
+        )
     if not (d / "run.json").exists() or not (d / "checkpoints" / "last.ckpt").exists():
-        raise ConfigError(f"resume={run_dir}: expected a run directory with run.json and checkpoints/last.ckpt")
+        raise ConfigError(
+            f"resume={run_dir}: {d} has no run.json and checkpoints/last.ckpt, so it is not a run that can be resumed "
+            "(it stopped before its first checkpoint, or is not a run directory); "
+            + (
+                f"start it afresh with train config_file={d / 'config.yaml'}."
+                if (d / "config.yaml").exists()
+                else "start a new run with train."
+            )
+        )
     return train(load_config(d / "config.yaml", overrides), resume_dir=d)
