@@ -1,0 +1,1 @@
+"""The preference family: pairs from verifiable rewards, pair losses and their LightningModule."""
