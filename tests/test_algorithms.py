@@ -98,11 +98,15 @@ def test_algorithm_trains_two_steps_and_logs_its_choices(name, store):
     for key in DIAGNOSTICS.get(name, ()):
         history = client.get_metric_history(result.run_id, key)
         assert len(history) == 2 and all(map(math.isfinite, (m.value for m in history))), (name, key, history)
+    assert moved_from_warm_start(store, task, result) > 0, f"{name}: no parameter changed after 2 steps"
+
+
+def moved_from_warm_start(store, task: str, result) -> float:
+    """The largest parameter change of a finished run from its cached SFT warm start (the store's only one)."""
     (init_dir,) = [p for p in (store["dir"] / "cache" / "sft").glob(f"{task}-tiny-s0-*") if p.is_dir()]
     init = AutoModelForCausalLM.from_pretrained(init_dir)
     trained = AutoModelForCausalLM.from_pretrained(result.run_dir / "final")
-    delta = max((a - b).abs().max().item() for a, b in zip(init.parameters(), trained.parameters(), strict=True))
-    assert delta > 0, f"{name}: no parameter changed after 2 steps"
+    return max((a - b).abs().max().item() for a, b in zip(init.parameters(), trained.parameters(), strict=True))
 
 
 @pytest.mark.slow

@@ -173,6 +173,29 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def completion_logits(
+    model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=1.0, trim=False, share_prompt=False
+) -> torch.Tensor:
+    """[B, T', V] temperature-scaled logits (at least fp32) predicting each completion token; T' = T, or with
+    ``trim`` the longest completion (see ``completion_logprobs``)."""
+    if trim:
+        first = int(prompt_mask.any(0).nonzero().min()) if bool(prompt_mask.any()) else 0
+        T_keep = max(int(completion_mask.sum(1).max()), 1)
+        prompt_ids, prompt_mask = prompt_ids[:, first:], prompt_mask[:, first:]
+        completion_ids, completion_mask = completion_ids[:, :T_keep], completion_mask[:, :T_keep]
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, Tp + T]
+    mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+    T = completion_ids.shape[1]
+    if share_prompt:
+        logits = _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, mask)
+    else:
+        keep = {"logits_to_keep": T + 1} if trim else {}
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), **keep).logits
+        logits = logits[:, -T - 1 : -1]  # [B, T, V]: position t predicts completion token t
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays fp64
+    return logits / temperature if temperature > 0 else logits
+
+
 def completion_logprobs(
     model,
     prompt_ids,
@@ -193,25 +216,12 @@ def completion_logprobs(
     KV cache, gathered per row; gradients flow through the cache into the prompt's single forward.
     """
     T_full = completion_ids.shape[1]
-    if trim:
-        first = int(prompt_mask.any(0).nonzero().min()) if bool(prompt_mask.any()) else 0
-        T_keep = max(int(completion_mask.sum(1).max()), 1)
-        prompt_ids, prompt_mask = prompt_ids[:, first:], prompt_mask[:, first:]
-        completion_ids, completion_mask = completion_ids[:, :T_keep], completion_mask[:, :T_keep]
-    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, Tp + T]
-    mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-    T = completion_ids.shape[1]
-    if share_prompt:
-        logits = _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, mask)
-    else:
-        keep = {"logits_to_keep": T + 1} if trim else {}
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), **keep).logits
-        logits = logits[:, -T - 1 : -1]  # [B, T, V]: position t predicts completion token t
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays fp64
-    if temperature > 0:
-        logits = logits / temperature
+    logits = completion_logits(
+        model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, trim, share_prompt
+    )
+    T = logits.shape[1]
     logz = torch.logsumexp(logits, dim=-1)  # [B, T]
-    logp = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - logz
+    logp = logits.gather(-1, completion_ids[:, :T].unsqueeze(-1)).squeeze(-1) - logz
     logp = F.pad(logp, (0, T_full - T))  # [B, T_full]
     if not with_entropy:
         return logp, None

@@ -83,6 +83,7 @@ class PolicyModule(L.LightningModule):
         self.policy, self.tokenizer, self.task = policy, tokenizer, task
         self.step_count = 0  # training steps done: rollout steps for RL, optimizer steps for SFT
         self.reference: Reference | None = None
+        self.init_source = str(cfg.init)  # the weights the run starts from (the driver sets the SFT folder's path)
         self.checkpoint_path = None  # set by the driver: where periodic and final checkpoints go
         self.last_eval_step = -1
         self.eval_history: list[tuple[int, dict]] = []
@@ -347,12 +348,13 @@ class RLModule(PolicyModule):
             self.timer["scoring"] += time.perf_counter() - t1
         return ro
 
-    def sample(self, batch: dict, group_size: int, temperature: float, seeds: list[int]):
+    def sample(self, batch: dict, group_size: int, temperature: float, seeds: list[int], model=None):
+        """G completions per prompt from the policy (or from ``model``, e.g. the reference)."""
         r = self.cfg.rollout
         was_training = self.policy.training
         self.policy.eval()
         gen = generate(
-            self.policy,
+            self.policy if model is None else model,
             batch["prompt_ids"],
             batch["prompt_mask"],
             group_size=group_size,

@@ -221,6 +221,7 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
         batch_size=obj.train.batch_size,
     )
     module = algo_cls(obj, policy, tokenizer, dm)
+    module.init_source = str(init_path or cfg.init)
     if module.needs_process_rewards and task_cls.process_rewards is Task.process_rewards:
         have = [n for n in TASKS.names() if TASKS.get(n).process_rewards is not Task.process_rewards]
         raise ConfigError(
