@@ -234,11 +234,11 @@ def family_args(name: str, dpo_final: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", FAMILY)
-def test_member_trains_two_steps_and_logs_its_choices(name, store, dpo_final):
+def test_member_trains_two_steps_and_logs_its_choices(name, store):
     """From the SFT warm start on Countdown: 2 steps with pairs, finite loss, parameters changed, every choice a
-    param and a choice.* tag, the preference diagnostics and the generation cost logged."""
-    result = train(compose([f"algorithm={name}", "task=countdown", *CONTRACT, *store["args"],
-                            *family_args(name, dpo_final)]))  # fmt: skip
+    param and a choice.* tag, the preference diagnostics and the generation cost logged. TGDPO's default
+    tgdpo_model=dpo trains its DPO token-reward model once (cached under cache_dir/dpo/, its path in the params)."""
+    result = train(compose([f"algorithm={name}", "task=countdown", *CONTRACT, *store["args"]]))
     client = MlflowClient(tracking_uri=store["uri"])
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED", run.info.status
@@ -256,6 +256,9 @@ def test_member_trains_two_steps_and_logs_its_choices(name, store, dpo_final):
     tokens = [m.value for m in client.get_metric_history(result.run_id, "rollout/tokens_generated")]
     assert 0 < tokens[0] < tokens[1], tokens
     assert moved_from_warm_start(store, "countdown", result) > 0, f"{name}: no parameter changed after 2 steps"
+    if name == "tgdpo":
+        (dpo_dir,) = [p for p in (store["dir"] / "cache" / "dpo").glob("countdown-tiny-s0-*") if p.is_dir()]
+        assert (dpo_dir / "DONE").exists() and run.data.params["algorithm.tgdpo_model"] == str(dpo_dir)
 
 
 @pytest.mark.slow

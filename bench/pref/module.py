@@ -65,8 +65,8 @@ class PreferenceConfig(AlgorithmConfig):
     tgdpo_alpha: float = 0.5
     """TGDPO's α."""
     tgdpo_model: str | None = None
-    """TGDPO: the frozen DPO-trained model whose token rewards guide the weights (an HF folder, e.g. a finished
-    DPO run's <run dir>/final)."""
+    """TGDPO: the frozen DPO-trained model whose token rewards guide the weights: ``dpo`` (a DPO run from the same
+    start and budget, trained once and cached like the SFT warm start) or an HF folder (a finished run's final/)."""
     wpo_clamp: bool = True
     """WPO's min(1, w) (the paper's code; TRL f2cd577 drops it)."""
     xpo_alpha: float = 0.0
@@ -92,7 +92,7 @@ class PreferenceConfig(AlgorithmConfig):
                 f"loss={self.loss!r} has none: use loss=sigmoid (or robust, ipo, hinge, exo_pair)"
             )
         if self.token_weighting == "tgdpo" and not self.tgdpo_model:
-            raise ValueError("token_weighting=tgdpo needs algorithm.tgdpo_model=<HF folder of a DPO-trained model>")
+            raise ValueError("token_weighting=tgdpo needs algorithm.tgdpo_model=dpo or an HF folder of a DPO model")
         if self.xpo_alpha and self.pair_source != "online":
             raise ValueError("xpo_alpha > 0 is XPO's exploration term for online pairs: set pair_source=online")
         if self.loss == "exo_pair" and not 0 < self.label_smoothing < 1:
@@ -164,6 +164,16 @@ class Preference(RLModule):
         self.items: SimpleNamespace | None = None  # this step's pairs (or labelled samples)
         self.cache: SampleCache | None = None
         self.xpo_ref: Rollout | None = None
+
+    @classmethod
+    def prepare(cls, cfg):
+        """tgdpo_model=dpo: a DPO run from the same start and budget, trained once and cached (bench.run.train)."""
+        if cfg.algorithm.get("tgdpo_model") == "dpo":
+            from bench.run.train import ensure_dpo
+
+            OmegaConf.set_readonly(cfg, False)
+            cfg.algorithm.tgdpo_model = str(ensure_dpo(cfg))
+        return cfg
 
     @property
     def needs_reference(self) -> bool:

@@ -77,6 +77,12 @@ class PolicyModule(L.LightningModule):
     """Whether the full-vocabulary entropy of π_old per token is stored on each rollout (``Rollout.entropy``),
     computed in the same forward as log π_old."""
 
+    @classmethod
+    def prepare(cls, cfg):
+        """The resolved config before the run is built: an algorithm that needs another trained model first (TGDPO's
+        DPO-trained token-reward model) trains or finds it here and returns the config pointing at it."""
+        return cfg
+
     def __init__(self, cfg, policy, tokenizer, task):
         super().__init__()
         self.cfg, self.acfg = cfg, cfg.algorithm

@@ -167,26 +167,42 @@ def ensure_sft(cfg: DictConfig) -> Path:
         OmegaConf.from_dotlist(list(cfg.warm_start.overrides)),
     )
     sft.model.lora.enabled = False  # NOTE: the warm start is a full fine-tune; LoRA, if any, applies to RL only
-    # Its own run name; of a sweep's tags only the sweep's name (not the cell's identity or axis values).
-    sft.tracking.run_name = None
     sft.init = "scratch"
-    key = config_hash(sft, drop=_NOT_IN_KEY)
+    return cached_run(cfg, sft, "sft", "SFT warm start")
+
+
+def ensure_dpo(cfg: DictConfig) -> Path:
+    """A DPO-trained model for this run's setting (TGDPO's token-reward model): ``algorithm=dpo`` with its defaults
+    from the same start, rollout, optimizer and number of steps as ``cfg``; cached like the SFT warm start."""
+    dpo = compose([f"model={cfg.model.name}", f"task={cfg.task.name}", "algorithm=dpo"])
+    OmegaConf.set_readonly(dpo, False)
+    keep = ("seed", "init", "model", "task", "rollout", "optim", "train", "trainer", "warm_start", "tracking", "eval")
+    dpo = OmegaConf.merge(dpo, {k: cfg[k] for k in (*keep, "output_dir", "cache_dir")})
+    return cached_run(cfg, dpo, "dpo", "DPO token-reward model")
+
+
+def cached_run(cfg: DictConfig, run: DictConfig, kind: str, label: str) -> Path:
+    """Train ``run`` once and keep its final weights under cache_dir/<kind>/, keyed by its resolved config; later
+    calls with the same key reuse it. It is tracked in the warm-start experiment and tagged with its key."""
+    # Its own run name; of a sweep's tags only the sweep's name (not the cell's identity or axis values).
+    run.tracking.run_name = None
+    key = config_hash(run, drop=_NOT_IN_KEY)
     # In its own experiment, not nested under a sweep's run: a warm start is shared by every cell (and every later
     # experiment) with the same key, and its 600-step curves would stretch the RL charts. The cells link to it.
-    sft.tracking.experiment = WARM_START_EXPERIMENT
-    sft.tracking.parent_run_id = None
+    run.tracking.experiment = WARM_START_EXPERIMENT
+    run.tracking.parent_run_id = None
     sweep = {k: v for k, v in cfg.tracking.tags.items() if k == "sweep"}  # the sweep that trained it, for provenance
-    sft.tracking.tags = sweep | {"role": "warm_start", "warm_start.key": key}
-    target = _path(cfg.cache_dir) / "sft" / f"{cfg.task.name}-{cfg.model.name}-s{cfg.seed}-{key}"
+    run.tracking.tags = sweep | {"role": "warm_start", "warm_start.key": key, "warm_start.kind": kind}
+    target = _path(cfg.cache_dir) / kind / f"{cfg.task.name}-{cfg.model.name}-s{cfg.seed}-{key}"
     target.parent.mkdir(parents=True, exist_ok=True)
     # One process trains a given warm start; concurrent runs (a sweep's workers) wait for it and reuse it.
     with open(target.with_name(target.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "DONE").exists():
-            print(f"[creditbench] reusing SFT warm start {target}")
+            print(f"[creditbench] reusing {label} {target}")
             return target
-        print(f"[creditbench] training SFT warm start ({cfg.warm_start.max_steps} steps) -> {target}")
-        result = train(sft)
+        print(f"[creditbench] training {label} ({run.trainer.max_steps} steps) -> {target}")
+        result = train(run)
         tmp = target.with_name(target.name + f".tmp{time.time_ns()}")
         shutil.copytree(result.run_dir / "final", tmp)
         (tmp / "DONE").write_text(json.dumps({"mlflow_run_id": result.run_id, "eval": result.last_eval}, indent=2))
@@ -210,6 +226,7 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
     elif init_path is not None and not _path(init_path).exists():
         raise ConfigError(f"init={cfg.init!r}: no such folder; use scratch, sft, or a path to an HF model folder")
     algo_cls, task_cls = ALGORITHMS.get(cfg.algorithm.name), TASKS.get(cfg.task.name)
+    cfg = algo_cls.prepare(cfg)  # e.g. TGDPO's tgdpo_model=dpo -> the cached DPO run it needs
     obj = OmegaConf.to_object(cfg)  # typed dataclasses: fast attribute access in the hot loop
     policy, tokenizer = load_policy(obj.model, obj.seed, init_path and _path(str(init_path)), _path(obj.cache_dir))
     dm = task_cls(
