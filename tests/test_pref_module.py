@@ -224,8 +224,10 @@ def test_config_errors_name_the_fix():
 # ---- every member trains, read back from MLflow --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def dpo_final(store) -> str:
-    """A finished 2-step DPO run's final/ folder: TGDPO's token-reward model."""
-    result = train(compose(["algorithm=dpo", "task=countdown", *CONTRACT, *store["args"]]))
+    """A finished 2-step DPO run's final/ folder (random init, no warm start): TGDPO's token-reward model for the
+    every-task runs (only its tokenizer has to match theirs)."""
+    args = ["algorithm=dpo", "task=countdown", *TINY[:4], "rollout.max_new_tokens=8", "task.num_eval=2"]
+    result = train(compose([*args, "trainer.max_steps=2", "trainer.progress_bar=false", *store["args"]]))
     return str(result.run_dir / "final")
 
 
