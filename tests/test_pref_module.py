@@ -281,3 +281,16 @@ def test_every_member_trains_on_every_task(name, task, store, dpo_final):
     assert len(items) == 2, (name, task)
     losses = [m.value for m in client.get_metric_history(result.run_id, "loss/total")]
     assert all(map(math.isfinite, losses)) and len(losses) == sum(m.value > 0 for m in items), (name, task, losses)
+
+
+def test_kto_warns_once_when_undesirable_samples_dominate(tmp_path):
+    """λ_D·n_D / (λ_U·n_U) outside KTO's [1, 4/3] warns once, naming the λ_D that balances the step."""
+    module, _, _ = _module("kto", tmp_path=tmp_path)
+    with pytest.warns(UserWarning, match=r"= 0.33 at step 0, outside \[1, 4/3\].*kto_lambda_d ≈ 3.00"):
+        assert module.kto_weight_ratio(torch.tensor([True, False, False, False])) == pytest.approx(1 / 3)
+    assert module.kto_weight_ratio(torch.tensor([True, True, False, False])) == 1.0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module.kto_weight_ratio(torch.tensor([True, False, False, False]))  # once only

@@ -17,6 +17,7 @@ count, so gradient accumulation leaves it unchanged.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, fields
@@ -25,6 +26,7 @@ from types import SimpleNamespace
 from typing import Literal
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from omegaconf import OmegaConf
 
 from bench.config import ConfigError, config_hash
@@ -327,6 +329,23 @@ class Preference(RLModule):
         stats = {"pref/desirable_frac": desirable.float().sum(), "pref/logratio": rho.detach().sum()}
         return loss, stats
 
+    kto_warned: bool = False
+
+    def kto_weight_ratio(self, desirable: torch.Tensor) -> float:
+        """λ_D·n_D / (λ_U·n_U) of the step; KTO's Eq. 8 (and TRL's warning) asks for [1, 4/3]. Warns once outside it:
+        with more undesirable than desirable samples the undesirable term drives every log-ratio down."""
+        a, n_d = self.acfg, int(desirable.sum())
+        n_u = len(desirable) - n_d
+        ratio = a.kto_lambda_d * n_d / (a.kto_lambda_u * n_u) if n_u else math.inf
+        if not 1.0 <= ratio <= 4 / 3 and not self.kto_warned and math.isfinite(ratio):
+            self.kto_warned = True
+            rank_zero_warn(
+                f"KTO: λ_D·n_D / (λ_U·n_U) = {ratio:.2f} at step {self.step_count}, outside [1, 4/3] (KTO Eq. 8): set "
+                f"algorithm.kto_lambda_d ≈ {a.kto_lambda_u * n_u / max(n_d, 1):.2f} to balance desirable and "
+                "undesirable samples"
+            )
+        return ratio
+
     def update(self, ro: Rollout) -> dict[str, float]:
         opt, sched = self.optimizers(), self.lr_schedulers()
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -335,6 +354,7 @@ class Preference(RLModule):
         out: dict[str, float] = {"pref/items": it.n, "pref/items_per_group": it.n / max(it.groups, 1)}
         if a.loss == "kto":
             out["pref/kto_z_ref"] = float(self.z_ref)
+            out["pref/kto_weight_ratio"] = self.kto_weight_ratio(it.desirable)
         if it.n == 0:  # no pair (every group tied): nothing to learn from this step
             out["stats/optimizer_steps"] = 0
             return out
@@ -354,7 +374,7 @@ class Preference(RLModule):
             self.manual_backward(loss)
             sums["loss/total"] += float(loss.detach())
             for k, v in stats.items():
-                sums[k] += float(v) / it.n
+                sums[k] += float(v.detach()) / it.n
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)
         if not torch.isfinite(grad_norm):
             opt.zero_grad(set_to_none=True)
