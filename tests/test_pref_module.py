@@ -264,15 +264,16 @@ def test_member_trains_two_steps_and_logs_its_choices(name, store):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", TASKS.names())
+@pytest.mark.parametrize("task", [t for t in TASKS.names() if t != "countdown"])
 @pytest.mark.parametrize("name", FAMILY)
 def test_every_member_trains_on_every_task(name, task, store, dpo_final):
     """Each member trains 2 steps on each task with the tiny model from random init (FINISHED run, 2 logged steps;
-    a step whose groups all tie has no pair and records pref/items = 0 instead of a loss)."""
+    a step whose groups all tie has no pair and records pref/items = 0 instead of a loss). Countdown is
+    test_member_trains_two_steps_and_logs_its_choices, from the warm start, with pairs on every step."""
     if task not in GENERATED and data_root() is None:
         pytest.skip("needs the data root (BENCH_DATA)")
     args = [f"algorithm={name}", f"task={task}", *TINY[:4], "rollout.prompts_per_step=2", "rollout.group_size=4",
-            "rollout.max_new_tokens=16", "task.num_eval=4", "trainer.max_steps=2", "trainer.eval_every=100",
+            "rollout.max_new_tokens=12", "task.num_eval=2", "trainer.max_steps=2", "trainer.eval_every=100",
             "trainer.progress_bar=false", *store["args"], *family_args(name, dpo_final)]  # fmt: skip
     result = train(compose(args))
     client = MlflowClient(tracking_uri=store["uri"])
