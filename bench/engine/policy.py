@@ -104,9 +104,10 @@ def _from_pretrained(source: str, dtype: torch.dtype):
             f"model.name_or_path={source!r}: no such directory. Point it at a folder written by save_pretrained "
             f"(with config.json), at a hub id, or use {OFFLINE_MODELS}."
         )
+    src = str(folder) if looks_local else source
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder) if looks_local else source)
-        model = AutoModelForCausalLM.from_pretrained(str(folder) if looks_local else source, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(src)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
     except OSError as e:
         first = (str(e).splitlines() or [""])[0][:200]
         raise FileNotFoundError(

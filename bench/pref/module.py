@@ -165,7 +165,7 @@ class Preference(RLModule):
             self.token_model = load_policy(cfg.model, cfg.seed, path)[0].eval().requires_grad_(False)
         self.items: SimpleNamespace | None = None  # this step's pairs (or labelled samples)
         self.cache: SampleCache | None = None
-        self.xpo_ref: Rollout | None = None
+        self.xpo_ref: SimpleNamespace | None = None  # XPO: one reference sample per prompt
 
     @classmethod
     def prepare(cls, cfg):
@@ -176,6 +176,8 @@ class Preference(RLModule):
             OmegaConf.set_readonly(cfg, False)
             cfg.algorithm.tgdpo_model = str(ensure_dpo(cfg))
         return cfg
+
+    needs_old_logp = False  # every loss here reads the current policy and the reference, never log π_old
 
     @property
     def needs_reference(self) -> bool:
@@ -203,9 +205,9 @@ class Preference(RLModule):
         if self.acfg.pair_source == "online" or model is not None:
             return super().sample(batch, group_size, temperature, seeds, model)
         step = self.step_count
-        cached = self.sample_cache().load(step)
+        cached = self.sample_cache().load(step, self.device)
         if cached is not None and cached.completion_ids.shape[0] == len(batch["examples"]) * group_size:
-            return type(cached)(**{k: getattr(cached, k).to(self.device) for k in SampleCache.FIELDS})
+            return cached
         with self.reference.model() as ref:
             gen = super().sample(batch, group_size, temperature, seeds, ref)
         self.sample_cache().save(step, gen)
@@ -230,7 +232,6 @@ class Preference(RLModule):
     def behaviour_logprobs(self, ro: Rollout) -> None:
         super().behaviour_logprobs(ro)
         a, mb, T = self.acfg, self.cfg.train.micro_batch_size, self.cfg.rollout.temperature
-        self.token_reward = self.log_sum_sq = None
         parts = defaultdict(list)
         for idx in torch.arange(ro.size, device=self.device).split(mb):
             args = (ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.mask[idx], T)

@@ -102,11 +102,11 @@ class SampleCache:
     def path(self, step: int) -> Path:
         return self.root / f"step_{step:06d}.pt"
 
-    def load(self, step: int) -> Generation | None:
+    def load(self, step: int, device: torch.device | str = "cpu") -> Generation | None:
         p = self.path(step)
         if not p.exists():
             return None
-        data = torch.load(p, weights_only=True)
+        data = torch.load(p, weights_only=True, map_location=device)
         return Generation(**{k: data[k] for k in self.FIELDS})
 
     def save(self, step: int, gen: Generation) -> None:

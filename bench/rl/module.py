@@ -73,6 +73,9 @@ class PolicyModule(L.LightningModule):
     """Whether log π_ref is computed for each rollout (algorithms may make this a property of their config)."""
     needs_process_rewards: bool = False
     """Whether each completion's steps are scored by ``Task.process_rewards`` into ``Rollout.step_rewards``."""
+    needs_old_logp: bool = True
+    """Whether the loss reads log π_old; when not, the behaviour pass skips that forward (``old_logp`` is then the
+    sampler's log-probs, as with ``rollout.logp_from_sampler``)."""
     needs_entropy: bool = False
     """Whether the full-vocabulary entropy of π_old per token is stored on each rollout (``Rollout.entropy``),
     computed in the same forward as log π_old."""
@@ -427,7 +430,9 @@ class RLModule(PolicyModule):
         match that forward within ``rollout.logp_tolerance``; log π_ref only when the algorithm needs it."""
         mb = self.cfg.train.micro_batch_size
         r = self.cfg.rollout
-        use_sampler = r.logp_from_sampler and self.sampler_logp_ok is True and not self.needs_entropy
+        use_sampler = not self.needs_old_logp or (
+            r.logp_from_sampler and self.sampler_logp_ok is True and not self.needs_entropy
+        )
         old, ref, ent = [], [], []
         for idx in torch.arange(ro.size, device=self.device).split(mb):
             args = (ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.mask[idx], r.temperature)
