@@ -24,6 +24,10 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip freeze | grep -iE '^(torch|transformers|accelerate|tokenizers|huggingface.hub|numpy|peft)==' \
 	  > $(VENV)/constraints.txt
 	$(PY) -m pip install -q -e ".[dev,bench]" -c $(VENV)/constraints.txt
+	# verl's loss code, for the tests that check ours against it on the same tensors: --no-deps into a folder of its
+	# own (its wheel ships a top-level `tests` package), with the four modules verl.trainer.ppo.core_algos imports.
+	$(PY) -m pip install -q --no-deps --target $(VENV)/peers \
+	  verl==0.9.1 tensordict==0.15.3 pyvers==0.2.3 codetiming==1.4.0 orjson==3.13.0
 	touch $@
 
 install: $(VENV)/.installed

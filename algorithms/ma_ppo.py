@@ -72,6 +72,9 @@ class MAPPOConfig(PPOConfig):
         extra = {f.name: str(getattr(self, f.name)) for f in fields(self) if f.name in MA_CHOICES}
         return {**super().choices(), **extra}
 
+    def choice_tables(self):
+        return {k: v for k, v in super().choice_tables().items() if k != "ratio"}  # macro ratios: RATIOS below
+
 
 # ---- termination rules: (module, rollout) -> starts [B, T] bool -----------------------------------------------------
 TERMINATIONS = {
@@ -122,6 +125,7 @@ def ma_ppo_loss(logp, old_logp, adv, values, old_values, returns, index, mask, c
 
 class MAPPO(PPO):
     Config = MAPPOConfig
+    reads_behaviour_weights = False  # its own surrogate (below)
     description = "MA-PPO / MA-RLHF (Chai et al. 2025): PPO over macro actions (n-gram, random, perplexity, task)"
 
     def __init__(self, cfg, policy, tokenizer, task):

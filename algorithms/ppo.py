@@ -67,9 +67,10 @@ class PPOConfig(ActorCriticConfig):
     """whiten Â over the batch (Ziegler et al. 2019)"""
 
 
-def ppo_loss(logp, old_logp, adv, values, old_values, returns, mask, cfg: PPOConfig, norm):
-    """Clipped token surrogate + c_V·clipped value loss, both token-mean; every tensor [B, T]."""
-    pg, stats = policy_loss(logp, old_logp, adv, mask, cfg, norm)
+def ppo_loss(logp, old_logp, adv, values, old_values, returns, mask, cfg: PPOConfig, norm, **behaviour):
+    """Clipped token surrogate + c_V·clipped value loss, both token-mean; every tensor [B, T]. ``behaviour``: the
+    keyword arguments of policy_loss (is_weight, sampler_logp, groups)."""
+    pg, stats = policy_loss(logp, old_logp, adv, mask, cfg, norm, **behaviour)
     vf, vstats = clipped_value_loss(values, old_values, returns, mask, cfg.value_clip, norm)
     return pg + cfg.vf_coef * vf, {**stats, **vstats}
 
@@ -85,6 +86,6 @@ class PPO(ActorCritic):
 
     def loss(self, rows, logp, norm):
         values = self.critic.train_values(rows)
-        return ppo_loss(
-            logp, rows["old_logp"], rows["adv"], values, rows["values"], rows["returns"], rows["mask"], self.acfg, norm
-        )
+        args = (rows["values"], rows["returns"], rows["mask"], self.acfg, norm)
+        behaviour = dict(is_weight=rows.get("is_weight"), sampler_logp=rows["sampler_logp"], groups=rows["group"])
+        return ppo_loss(logp, rows["old_logp"], rows["adv"], values, *args, **behaviour)

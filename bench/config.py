@@ -88,6 +88,20 @@ class RolloutConfig:
     they match the training forward within ``logp_tolerance`` (else the forward is kept)."""
     logp_tolerance: float = 1e-4
     """Largest |sampler − trainer| log-prob gap for which ``logp_from_sampler`` takes the sampler's values."""
+    sampler_dtype: str = "float32"
+    """float32 | bfloat16: sample from a copy of the policy's weights in this precision, refreshed every step (the
+    learner's log π_old stays float32; the gap to the sampler's log μ is the training-inference mismatch)."""
+    staleness: int = 0
+    """k: step s samples with the policy's weights of step max(0, s − k), as a k-step asynchronous pipeline does
+    (0: on-policy). The learner recomputes log π_old with its current weights."""
+
+    def __post_init__(self) -> None:
+        if self.sampler_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"rollout.sampler_dtype={self.sampler_dtype!r}: choose float32, bfloat16 or float16")
+        if self.staleness < 0:
+            raise ValueError(
+                f"rollout.staleness must be >= 0 (updates between sampling and training), got {self.staleness}"
+            )
 
 
 @dataclass
@@ -318,6 +332,33 @@ def flatten(cfg: DictConfig | dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# Keys added after runs were cached or committed, each with the value that reproduces the runs from before it: at
+# that value a key is left out of config_hash, so warm starts and sweep cells keep the identity they had (a new
+# field does not retrain every cached SFT start). A key set to anything else is hashed as usual.
+ADDED_DEFAULTS: dict[str, Any] = {
+    "rollout.sampler_dtype": "float32",
+    "rollout.staleness": 0,
+    "algorithm.clip_ratio_c": None,
+    "algorithm.log_ratio_cap": None,
+    "algorithm.gmpo_clip": 0.4,
+    "algorithm.clip_cov_ratio": 2e-4,
+    "algorithm.clip_cov_lb": 1.0,
+    "algorithm.clip_cov_ub": 5.0,
+    "algorithm.kl_cov_ratio": 2e-3,
+    "algorithm.kl_cov_coef": 1.0,
+    "algorithm.minirl_is_cap": 10.0,
+    "algorithm.is_correction": "none",
+    "algorithm.tis_cap": 2.0,
+    "algorithm.seq_tis_cap": 5.0,
+    "algorithm.mis_low": 0.5,
+    "algorithm.mis_high": 2.0,
+    "algorithm.icepop_low": 0.5,
+    "algorithm.icepop_high": 5.0,
+    "algorithm.m2_threshold": 0.04,
+}
+_ABSENT = object()
+
+
 def config_hash(cfg: DictConfig | dict, drop: tuple[str, ...] = ()) -> str:
-    flat = {k: v for k, v in flatten(cfg).items() if not k.startswith(drop)}
+    flat = {k: v for k, v in flatten(cfg).items() if not k.startswith(drop) and ADDED_DEFAULTS.get(k, _ABSENT) != v}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -119,3 +119,38 @@ class Registry:
 
 ALGORITHMS = Registry("algorithm", "algorithms", "bench.rl.module.PolicyModule")
 TASKS = Registry("task", "tasks", "bench.task.Task")
+
+
+class Choices(dict):
+    """One choice table of an algorithm family: value name -> the function that implements it.
+
+    The family's config field holds the name (a plain string, so a value registered from outside the tree is valid);
+    ``check`` is the start-up validation. An algorithm file, in ``algorithms/`` or a directory given with
+    ``--include``, adds a value with the decorator ``@TABLE.register("name")``; registering a name twice from two
+    different places is an error (a re-import of the same file is not)."""
+
+    def __init__(self, field: str, where: str, entries: dict | None = None):
+        super().__init__(entries or {})
+        self.field, self.where = field, where
+
+    def register(self, name: str, fn=None):
+        def add(f):
+            old = self.get(name)
+            if old is not None and (old.__module__, old.__qualname__) != (f.__module__, f.__qualname__):
+                raise RegistryError(
+                    f"{self.field}={name!r} is already registered (by {old.__module__}.{old.__qualname__}); "
+                    f"pick another name for {f.__module__}.{f.__qualname__}"
+                )
+            self[name] = f
+            return f
+
+        return add if fn is None else add(fn)
+
+    def check(self, value: str) -> None:
+        if value not in self:
+            raise ValueError(
+                f"{self.field}={value!r} is not a registered choice. Available: {', '.join(self)}."
+                + did_you_mean(str(value), list(self))
+                + f" A new value is one function registered with @{self.where}.register({str(value)!r})"
+                " in an algorithm file (README: 'A new choice')."
+            )

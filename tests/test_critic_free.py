@@ -22,6 +22,7 @@ from bench.rl.objective import PolicyGradientConfig, advantages, policy_loss, sh
 from bench.rl.value import ActorCritic
 
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant-normalised")
+MICRO_BATCH_DEPENDENT = {"clip_cov", "kl_cov"}  # token choices from a covariance over the micro-batch
 F64 = torch.float64
 NAN, INF = float("nan"), float("inf")
 PROPS = settings(max_examples=30, deadline=None)
@@ -787,7 +788,11 @@ def test_dr_grpo_constant_normalised_is_token_sum_over_budget(batch):
 def test_gradient_accumulation_matches_full_batch(name, mode, batch):
     """With Â computed once on the whole batch, the sum of 8 single-row policy_loss values (each with the whole
     batch's Norm) and their gradients equal the full-batch loss and gradient (1e-6), for every aggregation with
-    every algorithm's config (its default aggregation among them)."""
+    every algorithm's config (its default aggregation among them). Clip-Cov and KL-Cov are left out: they choose
+    their tokens by a covariance over the micro-batch, as their authors and verl do (NOTE(deviation) in their files).
+    """
+    if name in MICRO_BATCH_DEPENDENT:
+        pytest.skip(f"{name} selects tokens per micro-batch by design (its file's NOTE(deviation))")
     cfg = config(name, loss_agg=mode)
     b = batch
     R, tr, loss_mask = shape_rewards(

@@ -189,6 +189,7 @@ class Rollout:
     entropy: torch.Tensor | None = None  # [B, T] full-vocabulary entropy of π_old (when an algorithm needs it)
     answer_mask: torch.Tensor | None = None  # [B, T] float: tokens of the task's answer span (fine-grained credit)
     adv: torch.Tensor | None = None  # [B] or [B, T]
+    is_weight: torch.Tensor | None = None  # [B, T] behaviour correction from π_old and μ (bench/rl/objective.py)
     values: torch.Tensor | None = None  # [B, T] V_old(s_t) from the behaviour pass (actor-critic: bench/rl/value.py)
     returns: torch.Tensor | None = None  # [B, T] value targets R̂_t (actor-critic)
     macro_index: torch.Tensor | None = None  # [B, T] long: macro action of each token, −1 on padding (rl/segment.py)
@@ -260,10 +261,12 @@ class Rollout:
             "mask": loss_mask[idx],
             "rewards": self.rewards[idx],
             "old_logp": self.old_logp[idx],
+            "sampler_logp": self.sampler_logp[idx],
             "adv": self.adv[idx],
+            "group": idx // self.group_size,
         }
         # optional per-token tensors, present when computed (values, returns, macro_index: actor-critic, rl/value.py)
-        for name in ("ref_logp", "entropy", "answer_mask", "values", "returns", "macro_index"):
+        for name in ("ref_logp", "entropy", "answer_mask", "values", "returns", "macro_index", "is_weight"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)[idx]
         return out

@@ -6,12 +6,14 @@ Formulas: ../shared/docs/algorithms.md (Notation).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant-normalised"]
+from bench.registry import Choices
+
+AggMode = str  # a name in AGGREGATIONS (below): token-mean | seq-mean-token-mean | seq-mean-token-sum | ...
 KLKind = Literal["k1", "k2", "k3"]
 
 
@@ -26,10 +28,20 @@ class Norm:
     """Σ m over the whole optimizer step."""
     budget: int = 1
     """L_budget for constant-normalised aggregation (the generation budget)."""
+    group_tokens: torch.Tensor | None = field(default=None, compare=False)
+    """[number of groups] tokens of each prompt's group in the optimizer step (prompt-mean); None: not known."""
+    num_prompts: int = 0
+    """Prompts with at least one row in the optimizer step (prompt-mean)."""
 
     @staticmethod
-    def of(mask: torch.Tensor, budget: int = 1) -> Norm:
-        return Norm(num_seqs=mask.shape[0], num_tokens=float(mask.sum()), budget=budget)
+    def of(mask: torch.Tensor, budget: int = 1, groups: torch.Tensor | None = None) -> Norm:
+        """``groups`` [B]: each row's prompt index (row // G), for prompt-mean aggregation."""
+        if groups is None:
+            return Norm(num_seqs=mask.shape[0], num_tokens=float(mask.sum()), budget=budget)
+        groups = groups.to(mask.device)
+        tokens = torch.zeros(int(groups.max()) + 1, dtype=mask.dtype, device=mask.device)
+        tokens = tokens.index_add(0, groups, mask.sum(-1))
+        return Norm(mask.shape[0], float(mask.sum()), budget, tokens, int(groups.unique().numel()))
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -42,20 +54,45 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return masked_sum(x, mask, dim) / mask.sum(dim).clamp(min=1)
 
 
-def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: AggMode, norm: Norm | None = None) -> torch.Tensor:
+def _prompt_mean(loss_mat, mask, norm, groups):
+    """SkyRL's prompt_mean: (1/P) Σ_p (1/N_p) Σ_{i∈p} Σ_t m ℓ, P prompts and N_p the tokens of prompt p's rows in
+    the optimizer step, so every prompt counts equally whatever its completions' lengths."""
+    if groups is None or norm.group_tokens is None:
+        raise ValueError("loss_agg=prompt-mean needs each row's prompt (groups) and the step's Norm.of(..., groups=)")
+    per_row = masked_sum(loss_mat, mask, dim=-1) / norm.group_tokens[groups.to(mask.device)].clamp(min=1)
+    return per_row.sum() / max(norm.num_prompts, 1)
+
+
+# loss aggregation: (per-token loss [B, T], mask [B, T], the step's Norm, row prompts [B] | None) -> scalar
+AGGREGATIONS = Choices(
+    "loss_agg",
+    "bench.rl.losses.AGGREGATIONS",
+    {
+        "token-mean": lambda x, m, n, g: masked_sum(x, m) / max(n.num_tokens, 1.0),
+        "seq-mean-token-mean": lambda x, m, n, g: (
+            (masked_sum(x, m, dim=-1) / m.sum(-1).clamp(min=1)).sum() / n.num_seqs
+        ),
+        "seq-mean-token-sum": lambda x, m, n, g: masked_sum(x, m, dim=-1).sum() / n.num_seqs,
+        "constant-normalised": lambda x, m, n, g: (masked_sum(x, m, dim=-1) / n.budget).sum() / n.num_seqs,
+        "prompt-mean": _prompt_mean,
+    },
+)
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: AggMode,
+    norm: Norm | None = None,
+    groups: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Aggregate a per-token loss matrix [B, T] to a scalar; ``norm`` holds the optimizer step's denominators
-    (default: this batch's own)."""
-    norm = norm or Norm.of(mask)
-    if mode == "token-mean":
-        return masked_sum(loss_mat, mask) / max(norm.num_tokens, 1.0)
-    per_seq = masked_sum(loss_mat, mask, dim=-1)  # [B]
-    if mode == "seq-mean-token-mean":
-        per_seq = per_seq / mask.sum(-1).clamp(min=1)
-    elif mode == "constant-normalised":
-        per_seq = per_seq / norm.budget
-    elif mode != "seq-mean-token-sum":
-        raise ValueError(f"unknown loss aggregation {mode!r}: choose one of {AggMode.__args__}")
-    return per_seq.sum() / norm.num_seqs
+    (default: this batch's own), ``groups`` [B] each row's prompt (prompt-mean only)."""
+    if mode not in AGGREGATIONS:
+        AGGREGATIONS.check(mode)
+    if norm is None:
+        norm = Norm.of(mask, groups=groups) if groups is not None else Norm.of(mask)
+    return AGGREGATIONS[mode](loss_mat, mask, norm, groups)
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind) -> torch.Tensor:
@@ -231,3 +268,119 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int) -> torch.
         return torch.where(lengths > max_len, -1.0, 0.0)
     start = max_len - buffer
     return (-(lengths.float() - start) / buffer).clamp(min=-1.0, max=0.0)
+
+
+# ---- off-policy and training-inference mismatch: behaviour weights from π_old (recomputed) and μ (the sampler) ----
+# Every weight below is constant in θ (computed from log π_old and log μ before the update) and multiplies the
+# per-token policy loss. Formulas and sources: ../shared/docs/algorithms-round2.md, part B.
+def token_tis(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, cap: float) -> torch.Tensor:
+    """Token TIS (Yao et al. 2025): w_t = min(π_old(y_t)/μ(y_t), C), one-sided ([B, T] -> [B, T])."""
+    return token_ratio(old_logp, sampler_logp, mask).clamp(max=cap)
+
+
+def sequence_is_ratio(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Π_t π_old(y_t)/μ(y_t) per sequence, as exp of the masked log-sum; the exponent is capped at 80 (e^80 ≈ 5e34,
+    inside float32), which changes no weight a cap or band below 1e34 would keep ([B, T] -> [B])."""
+    return torch.exp(masked_sum(old_logp - sampler_logp, mask, dim=-1).clamp(max=80.0))
+
+
+def sequence_tis(old_logp, sampler_logp, mask, cap: float) -> torch.Tensor:
+    """Sequence TIS: w_i = min(Π_t π_old/μ, C), the same for every token of the sequence ([B, T] -> [B, T])."""
+    return sequence_is_ratio(old_logp, sampler_logp, mask).clamp(max=cap).unsqueeze(-1).expand_as(mask)
+
+
+def sequence_masked_is(old_logp, sampler_logp, mask, low: float, high: float) -> torch.Tensor:
+    """Sequence-masked IS (Seq-MIS): w_i = ρ_i·1[a ≤ ρ_i ≤ b], ρ_i = Π_t π_old/μ: sequences outside the band are
+    rejected, the others keep their IS weight ([B, T] -> [B, T])."""
+    rho = sequence_is_ratio(old_logp, sampler_logp, mask)
+    w = torch.where((rho >= low) & (rho <= high), rho, torch.zeros_like(rho))
+    return w.unsqueeze(-1).expand_as(mask)
+
+
+def icepop(old_logp, sampler_logp, mask, low: float, high: float) -> torch.Tensor:
+    """IcePop: k_t = π_old(y_t)/μ(y_t); w_t = k_t if α ≤ k_t ≤ β else 0 (the in-band weight is the ratio k, as verl,
+    slime and OpenRLHF implement it; SkyRL uses 1) ([B, T] -> [B, T])."""
+    k = token_ratio(old_logp, sampler_logp, mask)
+    return torch.where((k >= low) & (k <= high), k, torch.zeros_like(k))
+
+
+def m2po_mask(old_logp, sampler_logp, mask, threshold: float) -> torch.Tensor:
+    """M2PO, AReaL's variant (Zheng, Zhao, Chen 2025): over all valid tokens, mask those with the largest
+    Δ² = (log π_old − log μ)² until the mean Δ² of the rest is below τ_M2 ([B, T] -> [B, T] float, 1 kept, 0 masked).
+    Ties are broken by position (a stable sort), so the mask is a pure function of its inputs."""
+    m = mask.bool()
+    d2 = torch.where(m, (old_logp - sampler_logp).square(), torch.zeros_like(old_logp)).flatten()
+    valid = m.flatten()
+    n = int(valid.sum())
+    keep = torch.ones_like(d2)
+    if n == 0:
+        return keep.view_as(mask)
+    vals = torch.where(valid, d2, torch.full_like(d2, -1.0))
+    order = vals.argsort(descending=True, stable=True)[:n]  # the valid tokens, largest Δ² first
+    sorted_d2 = d2[order]
+    rest_sum = sorted_d2.sum() - torch.cat([sorted_d2.new_zeros(1), sorted_d2.cumsum(0)[:-1]])  # Σ after removing k
+    rest_mean = rest_sum / torch.arange(n, 0, -1, device=d2.device, dtype=d2.dtype)  # k = 0 .. n−1
+    below = (rest_mean < threshold).nonzero()
+    k = int(below[0]) if len(below) else n  # masked tokens: the fewest that bring the mean below τ
+    keep[order[:k]] = 0.0
+    return keep.view_as(mask)
+
+
+# ---- surrogates beyond the clip (each returns the objective to maximise per token and where its gradient is cut) ----
+def dual_clip(objective: torch.Tensor, adv: torch.Tensor, c: float):
+    """Dual-clip PPO (Ye et al. 2019): for A < 0 the clipped objective is bounded below by c·A, so a huge ratio on a
+    negative-advantage token cannot dominate; returns (objective, where the bound is active)."""
+    bounded = (adv < 0) & (objective < c * adv)
+    return torch.where(bounded, c * adv, objective), bounded
+
+
+def cispo_objective(logp, ratio, adv, eps_low: float, eps_high: float):
+    """CISPO (MiniMax-M1, Eq. 4-5): sg(clip(ρ, 1−ε_low, 1+ε_high))·A·log π_θ; every token keeps a gradient (through
+    log π), the clip only bounds its weight. Returns (objective, where the weight is clipped)."""
+    w = ratio.detach().clamp(1.0 - eps_low, 1.0 + eps_high)
+    return w * adv * logp, w != ratio.detach()
+
+
+def gmpo_objective(logp, old_logp, adv, mask, c_low: float, c_high: float):
+    """GMPO (Zhao et al. 2025): a sign-aware clip of Δ_t = log π_θ − log π_old in log space, Δ̃ = sgn(A)·min(sgn(A)·Δ,
+    sgn(A)·clip(Δ, −c_low, c_high)), then the geometric mean of the token ratios, A_i·exp(mean_t Δ̃_t), the same value
+    on every token of sequence i (with seq-mean-token-mean this is the mean over sequences, as the paper's loss).
+    adv [B, T] (constant along T). Returns (objective [B, T], where the clip is active)."""
+    delta = torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp))
+    sgn = torch.sign(adv)
+    clamped = delta.clamp(-c_low, c_high)
+    tilde = sgn * torch.minimum(sgn * delta, sgn * clamped)
+    geo = torch.exp(masked_mean(tilde, mask, dim=-1)).unsqueeze(-1)  # [B, 1]
+    return adv * geo, (delta != clamped) & mask.bool()
+
+
+def covariance(adv: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Cui et al. 2025: Cov_t = (A_t − mean A)·(log π_θ(y_t) − mean log π_θ), means over the valid tokens, the second
+    one detached ([B, T] -> [B, T])."""
+    return (adv - masked_mean(adv, mask)) * (logp - masked_mean(logp.detach(), mask))
+
+
+def clip_cov_keep(cov, clipped, mask, ratio: float, lb: float, ub: float, generator=None) -> torch.Tensor:
+    """Clip-Cov: among valid tokens with lb < Cov < ub that the PPO clip has not already cut, choose
+    max(1, ⌊ratio·N_valid⌋) at random and zero their loss ([B, T] float: 0 on the chosen tokens, 1 elsewhere)."""
+    candidates = ((cov > lb) & (cov < ub) & mask.bool() & ~clipped).nonzero()
+    keep = torch.ones_like(mask, dtype=cov.dtype)
+    n = max(int(ratio * float(mask.sum())), 1)
+    if len(candidates):
+        chosen = candidates[torch.randperm(len(candidates), generator=generator)[: min(n, len(candidates))]]
+        keep[chosen[:, 0], chosen[:, 1]] = 0.0
+    return keep
+
+
+def kl_cov_select(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
+    """KL-Cov: the top max(1, ⌊ratio·N_valid⌋) valid tokens by Cov_t ([B, T] bool). ``ratio`` is a fraction (verl's
+    kl_cov_ratio; the authors' k_percent / 100)."""
+    m = mask.bool()
+    n_valid = int(m.sum())
+    out = torch.zeros_like(m)
+    if n_valid == 0:
+        return out
+    k = max(1, int(n_valid * ratio))
+    where = m.flatten().nonzero().squeeze(-1)  # the valid tokens in row-major order, as verl lists them
+    out.view(-1)[where[cov.detach().flatten()[where].topk(k).indices]] = True  # ties: as verl, padding never counts
+    return out

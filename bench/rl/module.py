@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from bench.engine.behaviour import BehaviourPolicy
 from bench.engine.policy import Reference, completion_logprobs
 from bench.engine.rollout import Rollout, generate, sample_seed
 from bench.rl.losses import Norm, terminal_rewards, zero_variance_groups
@@ -264,6 +265,8 @@ class RLModule(PolicyModule):
         self.timer: dict[str, float] = defaultdict(float)
         self.step_stats: dict[str, float] = {}  # diagnostics a hook computed this step (e.g. advantage statistics)
         self.sampler_logp_ok: bool | None = None  # rollout.logp_from_sampler: the first step's check (None: not yet)
+        self.behaviour = BehaviourPolicy(cfg.rollout.sampler_dtype, cfg.rollout.staleness)
+        self.loss_calls = 0  # loss() calls this step (seeds a trust region's random choices per micro-batch)
 
     # ---- what an algorithm declares ------------------------------------------------------------------------------
     def advantages(self, rollout: Rollout) -> torch.Tensor:
@@ -281,12 +284,16 @@ class RLModule(PolicyModule):
             tokens_generated=self.tokens_generated,
             nonfinite_skipped=self.nonfinite_skipped,
         )
+        if not self.behaviour.is_policy:
+            checkpoint["bench"]["behaviour"] = self.behaviour.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
         state = checkpoint["bench"]
         self.samples_seen, self.tokens_generated = state["samples_seen"], state["tokens_generated"]
         self.nonfinite_skipped = state["nonfinite_skipped"]
+        if "behaviour" in state:
+            self.behaviour.load_state_dict(state["behaviour"], self.device)
 
     # ---- hooks with defaults (the critic-free family in bench/rl/objective.py overrides them from its choices) -------
     max_sampling_rounds: int = 1
@@ -312,6 +319,9 @@ class RLModule(PolicyModule):
     def keep_groups(self, ro: Rollout) -> torch.Tensor | None:
         """[P] bool: groups to train on; None keeps all. Dropped groups are replaced by freshly sampled prompts."""
         return None
+
+    def correct_behaviour(self, ro: Rollout) -> None:
+        """Set ``ro.is_weight`` [B, T] from ``ro.old_logp`` (the learner's) and ``ro.sampler_logp`` (μ); None: none."""
 
     def shape_rewards(self, ro: Rollout) -> None:
         """Set ``ro.rewards`` [B] and ``ro.token_rewards`` [B, T] from ``ro.scores`` (after log-probs are known)."""
@@ -358,12 +368,13 @@ class RLModule(PolicyModule):
         return ro
 
     def sample(self, batch: dict, group_size: int, temperature: float, seeds: list[int], model=None):
-        """G completions per prompt from the policy (or from ``model``, e.g. the reference)."""
+        """G completions per prompt from the behaviour policy (the policy itself unless rollout.sampler_dtype or
+        rollout.staleness say otherwise), or from ``model`` (e.g. the reference)."""
         r = self.cfg.rollout
         was_training = self.policy.training
         self.policy.eval()
         gen = generate(
-            self.policy if model is None else model,
+            self.behaviour.model(self.policy, self.step_count) if model is None else model,
             batch["prompt_ids"],
             batch["prompt_mask"],
             group_size=group_size,
@@ -431,7 +442,7 @@ class RLModule(PolicyModule):
         mb = self.cfg.train.micro_batch_size
         r = self.cfg.rollout
         use_sampler = not self.needs_old_logp or (
-            r.logp_from_sampler and self.sampler_logp_ok is True and not self.needs_entropy
+            r.logp_from_sampler and self.sampler_logp_ok is True and not self.needs_entropy and self.behaviour.is_policy
         )
         old, ref, ent = [], [], []
         for idx in torch.arange(ro.size, device=self.device).split(mb):
@@ -451,7 +462,7 @@ class RLModule(PolicyModule):
             return
         ro.old_logp = torch.cat(old)
         ro.entropy = torch.cat(ent) if self.needs_entropy else None
-        if r.logp_from_sampler and self.sampler_logp_ok is None:  # first step: does the sampler match the trainer?
+        if r.logp_from_sampler and self.sampler_logp_ok is None and self.behaviour.is_policy:  # does μ match π_old?
             gap = float(((ro.sampler_logp - ro.old_logp).abs() * ro.mask).max())
             self.sampler_logp_ok = gap <= r.logp_tolerance
             if not self.sampler_logp_ok:
@@ -465,11 +476,13 @@ class RLModule(PolicyModule):
         self.extra_tokens = 0
         self.timer = defaultdict(float)
         self.step_stats = {}
+        self.loss_calls = 0
         ro, collect_stats, everything = self.collect(batch)
         t1 = time.perf_counter()
         stats: dict[str, float] = {}
         if ro.size > 0:
             self.behaviour_logprobs(ro)
+            self.correct_behaviour(ro)
             self.shape_rewards(ro)
             ro.adv = self.advantages(ro)
             stats = self.update(ro)
@@ -530,7 +543,7 @@ class RLModule(PolicyModule):
         for _ in range(t.ppo_epochs):
             order = torch.randperm(B, generator=gen) if mb_size < B else torch.arange(B)
             for mb in order.to(self.device).split(mb_size):
-                norm = Norm.of(ro.train_mask[mb], budget=r.max_new_tokens)
+                norm = Norm.of(ro.train_mask[mb], budget=r.max_new_tokens, groups=mb // ro.group_size)
                 opt.zero_grad(set_to_none=True)
                 finite = True
                 step_stats: dict[str, float] = defaultdict(float)

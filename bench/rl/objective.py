@@ -10,32 +10,39 @@ algorithm's name.
                   | process (GRPO's process supervision, DeepSeekMath §4.1.3; needs reward_shaping=process)
     adv_scale     none | group_std | batch_std            (divisor of the group-centred reward, for group / gpg)
     ratio         none (plain log π) | token | sequence (GSPO) | sequence_token (GSPO-token) | sequence_mean (GRPO-S)
-    trust_region  none | clip (ε_low, ε_high; symmetric when equal; a sequence clip with ratio=sequence) | sapo
-    loss_agg      token-mean | seq-mean-token-mean | seq-mean-token-sum | constant-normalised
+    trust_region  none | clip (ε_low, ε_high; dual-clip with clip_ratio_c; a sequence clip with ratio=sequence) | sapo
+                  | cispo | gmpo | clip_cov | kl_cov | minirl
+    is_correction none | tis | seq_tis | seq_mask | icepop | m2po   (behaviour weights from π_old and the sampler μ)
+    loss_agg      token-mean | seq-mean-token-mean | seq-mean-token-sum | constant-normalised | prompt-mean
     kl_placement  none | reward | loss ;  kl_estimator k1 | k2 | k3 ;  beta
     truncation    keep | mask | overlong_penalty
     dynamic_sampling   drop zero-variance groups and sample more prompts until the batch is full (DAPO)
+
+The tables behind advantage, adv_scale, ratio, trust_region, is_correction and loss_agg are registries
+(``bench.registry.Choices``): an algorithm file, in-tree or dropped in with ``--include``, adds a value with
+``@TRUST_REGIONS.register("name")`` and an algorithm that selects it; the README's "A new choice" is the example.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
 
-from bench.engine.rollout import Rollout
+from bench.engine.rollout import Rollout, sample_seed
+from bench.registry import Choices
 from bench.rl import losses as L
 from bench.rl.module import AlgorithmConfig, RLModule
 
-Advantage = Literal[
-    "none", "batch_mean", "rloo", "group", "gpg", "reinforce_pp", "reinforce_pp_baseline", "greedy_baseline", "process"
-]
+# Choice values are names in the registries below (plain strings, so a value registered outside the tree is valid);
+# PolicyGradientConfig.__post_init__ checks each against its table.
+Advantage = str
+AdvScale = str
+Ratio = str
+TrustRegion = str
+ISCorrection = str
 RewardShaping = Literal["outcome", "process"]
-AdvScale = Literal["none", "group_std", "batch_std"]
-Ratio = Literal["none", "token", "sequence", "sequence_token", "sequence_mean"]
-TrustRegion = Literal["none", "clip", "sapo"]
 KLPlacement = Literal["none", "reward", "loss"]
 Truncation = Literal["keep", "mask", "overlong_penalty"]
 CHOICES = (
@@ -49,6 +56,7 @@ CHOICES = (
     "kl_estimator",
     "truncation",
     "dynamic_sampling",
+    "is_correction",
 )
 
 
@@ -76,7 +84,43 @@ class PolicyGradientConfig(AlgorithmConfig):
     clip_eps_low: float = 0.2
     """ε_low: lower clip 1 − ε_low."""
     clip_eps_high: float = 0.2
-    """ε_high: upper clip 1 + ε_high (DAPO's clip-higher when > ε_low)."""
+    """ε_high: upper clip 1 + ε_high (DAPO's clip-higher when > ε_low). CISPO: the IS-weight cap is 1 + ε_high."""
+    clip_ratio_c: float | None = None
+    """Dual-clip PPO's c (> 1) for trust_region=clip: a negative-advantage token's objective is bounded below by c·A.
+    None: off (verl's default is 3; the Clip-/KL-Cov authors use 10)."""
+    log_ratio_cap: float | None = None
+    """Clamp log π_θ − log π_old to ±cap before any ratio is formed (verl and slime use 20); the gradient is 0 where
+    the cap is active. None: no cap."""
+    gmpo_clip: float = 0.4
+    """GMPO's c: the log-space clip [−c, c] of each token's log-ratio (ratio ∈ [e^−0.4, e^0.4] ≈ [0.67, 1.49])."""
+    clip_cov_ratio: float = 2e-4
+    """Clip-Cov: the fraction of valid tokens (at least 1) whose loss is zeroed."""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov: candidates have Cov_t > lb."""
+    clip_cov_ub: float = 5.0
+    """Clip-Cov: candidates have Cov_t < ub."""
+    kl_cov_ratio: float = 2e-3
+    """KL-Cov: the fraction of valid tokens (at least 1), top by Cov_t, that get the |log-ratio| penalty. A fraction:
+    the authors' 7B k_percent 0.2 (%); verl's default 2e-4 is their 32B setting."""
+    kl_cov_coef: float = 1.0
+    """KL-Cov: λ (the authors' ppo_kl_coef)."""
+    minirl_is_cap: float = 10.0
+    """MiniRL: C of the IS weight sg[min(π_θ/μ, C)] (Stable-RL's clip_ratio_c)."""
+    is_correction: ISCorrection = "none"
+    """Behaviour-policy correction: a weight per token from log π_old (recomputed by the learner) and log μ (the
+    sampler's), constant in θ, multiplying the policy loss: none | tis | seq_tis | seq_mask | icepop | m2po."""
+    tis_cap: float = 2.0
+    """C of token TIS, min(π_old/μ, C) (the TIS authors' recipe)."""
+    seq_tis_cap: float = 5.0
+    """C of sequence TIS, min(Π_t π_old/μ, C) (SkyRL's sequence_tis_ratio_clip_high)."""
+    mis_low: float = 0.5
+    """Sequence-masked IS band [a, b] on Π_t π_old/μ (verl's rejection band)."""
+    mis_high: float = 2.0
+    icepop_low: float = 0.5
+    """IcePop band [α, β] on the token ratio π_old/μ (verl and OpenRLHF presets; SkyRL and slime tests use [0.5, 2])."""
+    icepop_high: float = 5.0
+    m2_threshold: float = 0.04
+    """M2PO's τ_M2: tokens are masked until the mean (log π_old − log μ)² of the rest is below it."""
     sapo_tau_pos: float = 1.0
     """SAPO τ for positive advantages."""
     sapo_tau_neg: float = 1.05
@@ -111,21 +155,60 @@ class PolicyGradientConfig(AlgorithmConfig):
             raise ValueError("step_discount discounts the step rewards of advantage='process'; set advantage=process")
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise ValueError("clip_eps_low and clip_eps_high must be >= 0")
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1.0:
+            raise ValueError(f"clip_ratio_c (dual-clip c) must be > 1, got {self.clip_ratio_c}; None turns it off")
+        if self.log_ratio_cap is not None and not self.log_ratio_cap > 0:
+            raise ValueError(f"log_ratio_cap must be > 0, got {self.log_ratio_cap}; None turns it off")
+        for lo, hi in (("mis_low", "mis_high"), ("icepop_low", "icepop_high")):
+            if not 0 <= getattr(self, lo) <= getattr(self, hi):
+                raise ValueError(
+                    f"{lo} <= {hi} (a band [a, b] with a >= 0), got {getattr(self, lo)}, {getattr(self, hi)}"
+                )
+        for name, table in self.choice_tables().items():
+            table.check(getattr(self, name))
 
     def choices(self) -> dict[str, str]:
         return {f.name: str(getattr(self, f.name)) for f in fields(self) if f.name in CHOICES}
 
+    def choice_tables(self) -> dict[str, Choices]:
+        """Config field -> the registry its value must be in (a family whose module computes a field itself, e.g.
+        the actor-critic's advantage=gae, leaves that field out)."""
+        return choice_tables()
+
+
+def choice_tables() -> dict[str, Choices]:
+    """Config field -> its registry (the tables are defined below; an algorithm file may have extended them)."""
+    return {
+        "advantage": ADVANTAGES,
+        "adv_scale": ADV_SCALES,
+        "ratio": RATIOS,
+        "trust_region": TRUST_REGIONS,
+        "is_correction": CORRECTIONS,
+        "loss_agg": L.AGGREGATIONS,
+    }
+
 
 # ---- advantages: (rewards [B], token_rewards [B, T], mask [B, T], G, cfg, baseline [B] | None,
 #      step ends [B, T] | None) -> [B] or [B, T] ----
+ADV_SCALES = Choices(
+    "adv_scale",
+    "bench.rl.objective.ADV_SCALES",
+    {  # (rewards [B], G, cfg) -> the group-centred reward divided by the scale
+        "none": lambda r, G, cfg: L.group_advantages(r, G, "none", cfg.adv_eps, cfg.adv_std_unbiased),
+        "group_std": lambda r, G, cfg: L.group_advantages(r, G, "std", cfg.adv_eps, cfg.adv_std_unbiased),
+        "batch_std": lambda r, G, cfg: (
+            L.group_advantages(r, G, "none")
+            / (
+                (r.std(unbiased=cfg.adv_std_unbiased) if r.numel() > 1 else torch.zeros((), dtype=r.dtype))
+                + cfg.adv_eps
+            )
+        ),
+    },
+)
+
+
 def _group(r, tr, m, G, cfg, base, steps):
-    if cfg.adv_scale == "batch_std":
-        centred = L.group_advantages(r, G, "none")
-        std = r.std(unbiased=cfg.adv_std_unbiased) if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
-        return centred / (std + cfg.adv_eps)
-    return L.group_advantages(
-        r, G, "std" if cfg.adv_scale == "group_std" else "none", cfg.adv_eps, cfg.adv_std_unbiased
-    )
+    return ADV_SCALES[cfg.adv_scale](r, G, cfg)
 
 
 def _gpg(r, tr, m, G, cfg, base, steps):
@@ -152,17 +235,21 @@ def _process(r, tr, m, G, cfg, base, steps):
     return L.process_advantages(tr, steps, m, G, cfg.adv_eps, cfg.adv_std_unbiased, cfg.step_discount)
 
 
-ADVANTAGES: dict[str, Callable] = {
-    "none": lambda r, tr, m, G, cfg, base, steps: r,
-    "batch_mean": lambda r, tr, m, G, cfg, base, steps: r - r.mean(),
-    "rloo": lambda r, tr, m, G, cfg, base, steps: L.rloo_advantages(r, G),
-    "group": _group,
-    "gpg": _gpg,
-    "reinforce_pp": _reinforce_pp,
-    "reinforce_pp_baseline": _reinforce_pp_baseline,
-    "greedy_baseline": lambda r, tr, m, G, cfg, base, steps: r - base,
-    "process": _process,
-}
+ADVANTAGES = Choices(
+    "advantage",
+    "bench.rl.objective.ADVANTAGES",
+    {
+        "none": lambda r, tr, m, G, cfg, base, steps: r,
+        "batch_mean": lambda r, tr, m, G, cfg, base, steps: r - r.mean(),
+        "rloo": lambda r, tr, m, G, cfg, base, steps: L.rloo_advantages(r, G),
+        "group": _group,
+        "gpg": _gpg,
+        "reinforce_pp": _reinforce_pp,
+        "reinforce_pp_baseline": _reinforce_pp_baseline,
+        "greedy_baseline": lambda r, tr, m, G, cfg, base, steps: r - base,
+        "process": _process,
+    },
+)
 
 
 def advantages(
@@ -171,42 +258,154 @@ def advantages(
     return ADVANTAGES[cfg.advantage](rewards, token_rewards, mask, group_size, cfg, baseline, steps)
 
 
+# ---- behaviour corrections: (log π_old [B, T], log μ [B, T], mask [B, T], cfg) -> weight [B, T], constant in θ ----
+CORRECTIONS = Choices(
+    "is_correction",
+    "bench.rl.objective.CORRECTIONS",
+    {
+        "none": lambda old, mu, m, cfg: torch.ones_like(old),
+        "tis": lambda old, mu, m, cfg: L.token_tis(old, mu, m, cfg.tis_cap),
+        "seq_tis": lambda old, mu, m, cfg: L.sequence_tis(old, mu, m, cfg.seq_tis_cap),
+        "seq_mask": lambda old, mu, m, cfg: L.sequence_masked_is(old, mu, m, cfg.mis_low, cfg.mis_high),
+        "icepop": lambda old, mu, m, cfg: L.icepop(old, mu, m, cfg.icepop_low, cfg.icepop_high),
+        # the unclipped surrogate against μ with the extreme tokens masked: w = M·π_old/μ times ρ = π_θ/π_old
+        "m2po": lambda old, mu, m, cfg: L.m2po_mask(old, mu, m, cfg.m2_threshold) * L.token_ratio(old, mu, m),
+    },
+)
+
+
+def behaviour_weights(cfg: PolicyGradientConfig, old_logp, sampler_logp, mask) -> tuple[torch.Tensor, dict]:
+    """The correction's per-token weight and what it did: its mean, the share of tokens it zeroes, and the measured
+    mismatch (a k1 estimate of KL(μ || π_old) from μ's own samples, and the largest |log π_old − log μ|)."""
+    w = CORRECTIONS[cfg.is_correction](old_logp, sampler_logp, mask, cfg)
+    m = mask.bool()
+    stats = {
+        "rollout/is_weight_mean": L.masked_mean(w, mask),
+        "rollout/is_zeroed_frac": L.masked_mean((w == 0).float(), mask),
+        "rollout/mismatch_kl": L.masked_mean(sampler_logp - old_logp, mask),
+        "rollout/mismatch_logp_max": torch.where(m, (old_logp - sampler_logp).abs(), 0.0).max() if m.any() else 0.0,
+    }
+    return w, stats
+
+
 # ---- the surrogate ---------------------------------------------------------------------------------------------
-RATIOS: dict[str, Callable] = {
-    "token": L.token_ratio,
-    "sequence": lambda logp, old, m: L.sequence_ratio(logp, old, m).unsqueeze(-1).expand_as(logp),
-    "sequence_token": L.sequence_token_ratio,
-    "sequence_mean": lambda logp, old, m: L.sequence_mean_ratio(logp, old, m).unsqueeze(-1).expand_as(logp),
-}
+RATIOS = Choices(
+    "ratio",
+    "bench.rl.objective.RATIOS",
+    {  # (log π_θ [B, T], log π_old [B, T], mask [B, T]) -> ρ [B, T]
+        "none": lambda logp, old, m: L.token_ratio(logp.detach(), old, m),  # plain log π; the ratio is logged only
+        "token": L.token_ratio,
+        "sequence": lambda logp, old, m: L.sequence_ratio(logp, old, m).unsqueeze(-1).expand_as(logp),
+        "sequence_token": L.sequence_token_ratio,
+        "sequence_mean": lambda logp, old, m: L.sequence_mean_ratio(logp, old, m).unsqueeze(-1).expand_as(logp),
+    },
+)
 
 
-def _clip(ratio, adv, cfg):
-    return L.clipped_surrogate(ratio, adv, cfg.clip_eps_low, cfg.clip_eps_high)
+@dataclass
+class Tokens:
+    """What a trust region may read besides ρ and A: log π_θ (with gradient), log π_old, the sampler's log μ, the loss
+    mask, and a generator for any random choice (seeded by run, step and micro-batch)."""
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    sampler_logp: torch.Tensor
+    mask: torch.Tensor
+    generator: torch.Generator | None = None
 
 
-TRUST_REGIONS: dict[str, Callable] = {
-    "none": lambda ratio, adv, cfg: (ratio * adv, torch.zeros_like(adv, dtype=torch.bool)),
-    "clip": _clip,
-    "sapo": lambda ratio, adv, cfg: (
-        L.sapo_gate(ratio, adv, cfg.sapo_tau_pos, cfg.sapo_tau_neg),
-        torch.zeros_like(adv, dtype=torch.bool),
-    ),
-}
+def _clip(ratio, adv, cfg, tok):
+    objective, clipped = L.clipped_surrogate(ratio, adv, cfg.clip_eps_low, cfg.clip_eps_high)
+    if cfg.clip_ratio_c is not None:
+        objective, bounded = L.dual_clip(objective, adv, cfg.clip_ratio_c)
+        clipped = clipped | bounded
+    return objective, clipped
 
 
-def policy_loss(logp, old_logp, adv, mask, cfg: PolicyGradientConfig, norm: L.Norm, ref_logp=None):
-    """ℒ_{i,t} = −TR(ρ_{i,t}, A_{i,t}) [+ β·KL_{i,t}], aggregated by ``cfg.loss_agg`` with the step's denominators.
+def _clip_cov(ratio, adv, cfg, tok):
+    """Clip-Cov (Cui et al. 2025): the clipped surrogate, with a random few high-covariance tokens detached."""
+    objective, clipped = _clip(ratio, adv, cfg, tok)
+    cov = L.covariance(adv, tok.logp, tok.mask)
+    gen = tok.generator or torch.Generator().manual_seed(0)  # a pure function unless the caller seeds the choice
+    keep = L.clip_cov_keep(cov, clipped, tok.mask, cfg.clip_cov_ratio, cfg.clip_cov_lb, cfg.clip_cov_ub, gen)
+    return objective * keep, clipped | (keep == 0)
 
-    logp, old_logp, mask, ref_logp: [B, T]; adv: [B] (sequence) or [B, T] (token).
+
+def _kl_cov(ratio, adv, cfg, tok):
+    """KL-Cov (Cui et al. 2025): the unclipped ρA, minus λ·|log π_θ − log π_old| on the top-k tokens by Cov_t."""
+    chosen = L.kl_cov_select(L.covariance(adv, tok.logp.detach(), tok.mask), tok.mask, cfg.kl_cov_ratio)
+    penalty = cfg.kl_cov_coef * (tok.logp - tok.old_logp).abs()
+    return ratio * adv - torch.where(chosen, penalty, torch.zeros_like(penalty)), torch.zeros_like(chosen)
+
+
+def _minirl(ratio, adv, cfg, tok):
+    """MiniRL (Zheng et al. 2025, as re-implemented in sail-sg/Stable-RL): A·sg[min(π_θ/μ, C)]·M·log π_θ, M = 0 where
+    ρ = π_θ/π_old has left [1 − ε_low, 1 + ε_high] in the advantage's direction."""
+    w = L.token_ratio(tok.logp.detach(), tok.sampler_logp, tok.mask).clamp(max=cfg.minirl_is_cap)
+    r = ratio.detach()
+    out = ((adv > 0) & (r > 1.0 + cfg.clip_eps_high)) | ((adv < 0) & (r < 1.0 - cfg.clip_eps_low))
+    return torch.where(out, torch.zeros_like(adv), w * adv * tok.logp), out
+
+
+# A trust region whose value on a row depends on the micro-batch's other rows (a covariance over it) says so; the module
+# then never skips zero-advantage rows (train.skip_zero_adv), which would change those statistics.
+_clip_cov.row_coupled = _kl_cov.row_coupled = True
+
+TRUST_REGIONS = Choices(
+    "trust_region",
+    "bench.rl.objective.TRUST_REGIONS",
+    {  # (ρ [B, T], A [B, T], cfg, Tokens) -> (objective to maximise [B, T], tokens whose gradient is cut [B, T] bool)
+        "none": lambda ratio, adv, cfg, tok: (ratio * adv, torch.zeros_like(adv, dtype=torch.bool)),
+        "clip": _clip,
+        "sapo": lambda ratio, adv, cfg, tok: (
+            L.sapo_gate(ratio, adv, cfg.sapo_tau_pos, cfg.sapo_tau_neg),
+            torch.zeros_like(adv, dtype=torch.bool),
+        ),
+        "cispo": lambda ratio, adv, cfg, tok: L.cispo_objective(
+            tok.logp, ratio, adv, cfg.clip_eps_low, cfg.clip_eps_high
+        ),
+        "gmpo": lambda ratio, adv, cfg, tok: L.gmpo_objective(
+            tok.logp, tok.old_logp, adv, tok.mask, cfg.gmpo_clip, cfg.gmpo_clip
+        ),
+        "clip_cov": _clip_cov,
+        "kl_cov": _kl_cov,
+        "minirl": _minirl,
+    },
+)
+
+
+def policy_loss(
+    logp,
+    old_logp,
+    adv,
+    mask,
+    cfg: PolicyGradientConfig,
+    norm: L.Norm,
+    ref_logp=None,
+    *,
+    is_weight=None,
+    sampler_logp=None,
+    groups=None,
+    generator=None,
+):
+    """ℒ_{i,t} = −w_{i,t}·TR(ρ_{i,t}, A_{i,t}) [+ β·KL_{i,t}], aggregated by ``cfg.loss_agg`` with the step's
+    denominators; w is the behaviour correction (``is_weight``, 1 when None).
+
+    logp, old_logp, mask, ref_logp, is_weight, sampler_logp: [B, T]; adv: [B] (sequence) or [B, T] (token);
+    groups [B]: each row's prompt (prompt-mean aggregation). ``sampler_logp`` None: μ = π_old (no mismatch).
     """
     adv = adv.unsqueeze(-1).expand_as(logp) if adv.dim() == 1 else adv  # [B, T]
+    logp_r = logp  # what the ratio is formed from: log π_θ − log π_old clamped to ±cap (no gradient where clamped)
+    if cfg.log_ratio_cap is not None:
+        cap = cfg.log_ratio_cap
+        logp_r = old_logp + torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp)).clamp(-cap, cap)
+    ratio = RATIOS[cfg.ratio](logp_r, old_logp, mask)
     if cfg.ratio == "none":
         objective, clipped = adv * logp, torch.zeros_like(mask, dtype=torch.bool)  # plain log-prob surrogate
-        ratio = L.token_ratio(logp.detach(), old_logp, mask)  # for logging only
     else:
-        ratio = RATIOS[cfg.ratio](logp, old_logp, mask)
-        objective, clipped = TRUST_REGIONS[cfg.trust_region](ratio, adv, cfg)
-    per_token = -objective
+        tok = Tokens(logp, old_logp, old_logp if sampler_logp is None else sampler_logp, mask, generator)
+        objective, clipped = TRUST_REGIONS[cfg.trust_region](ratio, adv, cfg, tok)
+    per_token = -objective if is_weight is None else -objective * is_weight
     stats = {
         "stats/clip_frac": L.masked_mean(clipped.float(), mask).detach(),
         "stats/ratio_mean": L.masked_mean(ratio.detach(), mask),
@@ -217,8 +416,9 @@ def policy_loss(logp, old_logp, adv, mask, cfg: PolicyGradientConfig, norm: L.No
         kl = L.kl_estimate(torch.where(m, logp, zero), torch.where(m, ref_logp, zero), cfg.kl_estimator)
         per_token = per_token + cfg.beta * kl
         stats["stats/kl"] = L.masked_mean(kl, mask).detach()
-    loss = L.agg_loss(per_token, mask, cfg.loss_agg, norm)
-    stats["loss/policy"] = L.agg_loss(-objective, mask, cfg.loss_agg, L.Norm.of(mask, norm.budget)).detach()
+    loss = L.agg_loss(per_token, mask, cfg.loss_agg, norm, groups)
+    own = L.Norm.of(mask, norm.budget, groups) if groups is not None else L.Norm.of(mask, norm.budget)
+    stats["loss/policy"] = L.agg_loss(-objective, mask, cfg.loss_agg, own, groups).detach()
     return loss, stats
 
 
@@ -227,6 +427,17 @@ class PolicyGradient(RLModule):
     subclasses it with its config (the paper's defaults) and writes nothing else unless its paper needs it."""
 
     Config = PolicyGradientConfig
+    reads_behaviour_weights: bool = True
+    """Whether ``loss`` applies ``rows["is_weight"]`` (an algorithm with its own surrogate that does not sets False,
+    and a correction other than none is then refused at start-up rather than ignored)."""
+
+    def __init__(self, cfg, policy, tokenizer, task):
+        super().__init__(cfg, policy, tokenizer, task)
+        if self.acfg.is_correction != "none" and not self.reads_behaviour_weights:
+            raise ValueError(
+                f"algorithm.is_correction={self.acfg.is_correction!r}: {type(self).__name__}'s loss has its own "
+                "surrogate and does not apply behaviour weights; use is_correction=none or a policy_loss-based one"
+            )
 
     @property
     def needs_reference(self) -> bool:
@@ -234,6 +445,8 @@ class PolicyGradient(RLModule):
 
     @property
     def zero_adv_rows_inert(self) -> bool:
+        if getattr(TRUST_REGIONS[self.acfg.trust_region], "row_coupled", False):
+            return False
         return not self.needs_reference or self.acfg.kl_placement != "loss"  # policy_loss is A·f(ρ) + β·KL
 
     @property
@@ -271,8 +484,27 @@ class PolicyGradient(RLModule):
             self.acfg, ro.rewards, ro.token_rewards, ro.loss_mask, ro.group_size, ro.baseline, ro.step_ends
         )
 
+    def correct_behaviour(self, ro: Rollout) -> None:
+        if self.acfg.is_correction != "none":
+            ro.is_weight, stats = behaviour_weights(self.acfg, ro.old_logp, ro.sampler_logp, ro.train_mask)
+            self.step_stats.update(stats)
+
     def loss(self, rows, logp, norm):
-        return policy_loss(logp, rows["old_logp"], rows["adv"], rows["mask"], self.acfg, norm, rows.get("ref_logp"))
+        self.loss_calls += 1  # seeds the random choices of a trust region (Clip-Cov) per micro-batch
+        gen = torch.Generator().manual_seed(sample_seed(self.cfg.seed, self.step_count, "loss", self.loss_calls))
+        return policy_loss(
+            logp,
+            rows["old_logp"],
+            rows["adv"],
+            rows["mask"],
+            self.acfg,
+            norm,
+            rows.get("ref_logp"),
+            is_weight=rows.get("is_weight"),
+            sampler_logp=rows["sampler_logp"],
+            groups=rows["group"],
+            generator=gen,
+        )
 
 
 def shape_rewards(

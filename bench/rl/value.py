@@ -207,6 +207,9 @@ class ActorCriticConfig(PolicyGradientConfig):
     whiten_adv: bool = True
     """Whiten Â over the batch's tokens (token-weighted mean and std)."""
 
+    def choice_tables(self):
+        return {k: v for k, v in super().choice_tables().items() if k != "advantage"}  # GAE: ActorCritic.advantages
+
     def __post_init__(self):
         super().__post_init__()
         if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):

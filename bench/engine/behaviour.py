@@ -1,0 +1,68 @@
+"""The behaviour policy μ that rollouts are sampled from, under a controlled mismatch with the learner.
+
+``rollout.sampler_dtype`` samples from a copy of the policy in a lower precision (bfloat16), refreshed every step,
+as inference engines sample from their own low-precision weights; ``rollout.staleness = k`` samples step s from the
+policy's weights of step max(0, s − k), as a k-step asynchronous pipeline does. With staleness 0 and float32 there is
+no copy at all: the policy samples itself, the path every run took before these switches existed.
+
+The learner always recomputes log π_old with its current weights; the sampler's own log-probs are log μ, so
+π_old/μ measures both mismatches (``rollout/mismatch_kl``) and the corrections of bench/rl/objective.py use it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class BehaviourPolicy:
+    """``model(policy, step)`` returns the module to sample step ``step`` from: ``policy`` itself, or a frozen copy
+    in ``dtype`` holding the trainable weights of ``staleness`` steps ago (frozen weights never change, so only the
+    trainable ones are kept per step)."""
+
+    def __init__(self, dtype: str = "float32", staleness: int = 0):
+        if dtype not in DTYPES:
+            raise ValueError(f"rollout.sampler_dtype={dtype!r}: choose one of {', '.join(DTYPES)}")
+        if staleness < 0:
+            raise ValueError(f"rollout.staleness must be >= 0 (updates between sampling and training), got {staleness}")
+        self.dtype, self.staleness = DTYPES[dtype], staleness
+        self.history: deque[dict[str, torch.Tensor]] = deque(maxlen=staleness + 1)
+        self.copy: torch.nn.Module | None = None
+        self.step: int | None = None
+
+    @property
+    def is_policy(self) -> bool:
+        """Whether the policy samples itself (no copy, no mismatch)."""
+        return self.staleness == 0 and self.dtype == torch.float32
+
+    def model(self, policy: torch.nn.Module, step: int) -> torch.nn.Module:
+        if self.is_policy:
+            return policy
+        if self.copy is None:
+            self.copy = copy.deepcopy(policy).eval()
+            for p in self.copy.parameters():
+                p.requires_grad_(False)
+                if p.is_floating_point():
+                    p.data = p.data.to(self.dtype)  # the weights only: buffers (RoPE frequencies) keep their dtype
+        if step != self.step:  # once per step, whatever the number of sampling rounds
+            self.history.append({n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad})
+            with torch.no_grad():
+                params = dict(self.copy.named_parameters())
+                for n, w in self.history[0].items():  # the oldest kept: the weights of step max(0, step − k)
+                    params[n].copy_(w)
+            self.step = step
+        return self.copy
+
+    def state_dict(self) -> dict:
+        return {"history": [{n: w.cpu() for n, w in h.items()} for h in self.history], "step": self.step}
+
+    def load_state_dict(self, state: dict, device) -> None:
+        """Resume: the kept weights and the step they were last pushed at; the copy is rebuilt at the next step."""
+        self.history = deque(
+            ({n: w.to(device) for n, w in h.items()} for h in state["history"]), maxlen=self.staleness + 1
+        )
+        self.step = state["step"]
