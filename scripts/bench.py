@@ -54,10 +54,16 @@ LEVERS = {
 }
 OPT_IN = {"static_cache": "rollout.static_cache"}  # speed switches off by default: measured on top of "all on"
 SWITCHES = {**LEVERS, **OPT_IN}
+# Settings that change the samples (not speed switches): sampling from bfloat16 weights, with a correction for the
+# training-inference mismatch it brings (the learner stays float32 and recomputes log pi_old).
+SETTINGS = {"sampler_dtype": "rollout.sampler_dtype", "is_correction": "algorithm.is_correction"}
+BF16_TIS = {"sampler_dtype": "bfloat16", "is_correction": "tis"}
 SYSTEMS = {
     "creditbench": {},  # every speed switch at its default (on)
     # the same without skipping zero-advantage groups: the machinery alone, whatever the rewards happen to be
     "creditbench, no zero-adv skip": {"skip_zero_adv": False},
+    "creditbench, bf16 sampling + TIS": BF16_TIS,
+    "creditbench, bf16 sampling + TIS, no zero-adv skip": {**BF16_TIS, "skip_zero_adv": False},
     "trl": None,
 }
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
@@ -119,7 +125,8 @@ def creditbench_args(c: dict, folder: Path, levers: dict[str, bool]) -> list[str
         "trainer.accelerator=cpu",
         "trainer.progress_bar=false",
     ]
-    return args + [f"{SWITCHES[k]}={v}" for k, v in levers.items()]
+    keys = {**SWITCHES, **SETTINGS}
+    return args + [f"{keys[k]}={v}" for k, v in levers.items()]
 
 
 def run_creditbench(c: dict, folder: Path, levers: dict[str, bool], schedule: list[dict] | None = None) -> dict:
@@ -143,6 +150,17 @@ def run_creditbench(c: dict, folder: Path, levers: dict[str, bool], schedule: li
     module = ALGORITHMS.get("grpo")(cfg, policy, tok, task)
     steps: list[dict] = []
     module.evaluate = lambda: {}  # the benchmark times training steps only
+    decode: list[float] = []  # bytes the decoding of each step read (decode_bytes)
+    sample = module.sample
+
+    def measured_sample(batch, *a, **kw):
+        gen = sample(batch, *a, **kw)
+        model = module.behaviour.model(module.policy, module.step_count)
+        width = int(batch["prompt_ids"].shape[1])
+        decode.append(decode_bytes(model, [width] * len(gen.lengths), gen.lengths.tolist(), compact=True))
+        return gen
+
+    module.sample = measured_sample
     module.log_metrics = lambda m: steps.append({k: float(v) for k, v in m.items()})
     if schedule:
         training_step = module.training_step
@@ -181,6 +199,7 @@ def run_creditbench(c: dict, folder: Path, levers: dict[str, bool], schedule: li
                 "completion_tokens": m["rollout/generated_tokens"],
                 "loss": m.get("loss/total", float("nan")),
                 "zero_var_frac": m["rollout/zero_var_group_frac"],
+                "decode_bytes": decode[i],
             }
         )
     return {"steps": out, "params": _matmul_params(policy), "prompt_len": _prompt_len(task, tok, batches)}
@@ -246,7 +265,7 @@ def run_trl(c: dict, folder: Path) -> dict:
 
     class Timing(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            timer.update(generation=0.0, scoring=0.0)
+            timer.update(generation=0.0, scoring=0.0, decode_bytes=0.0)
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
@@ -271,6 +290,11 @@ def run_trl(c: dict, folder: Path) -> dict:
         t0 = time.perf_counter()
         out = generate(prompts)
         timer["generation"] += time.perf_counter() - t0
+        prompt_ids, completion_ids = out[0], out[1]  # lists of token ids, one per row; HF generate pads the prompts
+        width = max(len(p) for p in prompt_ids)  # to the longest and runs every row until the last one finishes
+        lengths = [len(c) for c in completion_ids]
+        timer["decode_bytes"] = timer.get("decode_bytes", 0.0) + decode_bytes(model, [width] * len(lengths), lengths,
+                                                                              compact=False)  # fmt: skip
         return out
 
     trainer._generate = timed_generate
@@ -326,6 +350,43 @@ def same_loss(model, inputs: dict, trl_loss, B: int) -> dict:
         "max_abs_grad_diff": max(float((a - b).abs().max()) for a, b in zip(g_ours, g_trl, strict=True)),
         "max_abs_grad": max(float(a.abs().max()) for a in g_trl),
     }
+
+
+def decode_bytes(model, widths: list[int], lengths: list[int], compact: bool) -> float:
+    """Bytes one sampling call must read from memory while decoding, the physical floor of its time: every decode
+    step reads every weight once (whatever the number of rows) and, for each row it runs, that row's KV cache
+    (2 x layers x KV heads x head dim x context, context = padded prompt width + tokens so far). ``compact``: rows
+    stop being run once they finish (creditbench's compact_finished); otherwise every row runs until the longest
+    finishes (HF generate). Weights and cache in the model's own dtype. The prompt's prefill (compute-bound) and
+    activations are left out."""
+    conf = model.config
+    p = next(model.parameters())
+    size = p.element_size()
+    weights = sum(t.numel() * t.element_size() for t in {id(t): t for t in model.parameters()}.values())
+    head_dim = getattr(conf, "head_dim", None) or conf.hidden_size // conf.num_attention_heads
+    kv_per_token = 2 * conf.num_hidden_layers * getattr(conf, "num_key_value_heads", conf.num_attention_heads)
+    kv_per_token *= head_dim * size
+    total = 0.0
+    for t in range(max(lengths, default=0)):
+        rows = [w for w, n in zip(widths, lengths, strict=True) if not compact or n > t]
+        total += weights + kv_per_token * sum(w + t for w in rows)
+    return total
+
+
+def memory_bandwidth(gib: float = 1.0, reps: int = 5) -> float:
+    """Best read bandwidth (bytes/s) of torch.sum over a float32 tensor of ``gib`` GiB, with the benchmark's threads:
+    the rate at which this machine can stream weights and KV cache to a decoding step."""
+    import torch
+
+    torch.set_num_threads(THREADS)
+    x = torch.ones(int(gib * 2**30) // 4)
+    x.sum()
+    best = 0.0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t0))
+    return best
 
 
 def _matmul_params(model) -> int:
@@ -403,6 +464,7 @@ def summarise(results: list[dict], B: int) -> dict:
         "n_steps": len(steps),
         "losses": [s.get("loss") for s in steps],
         "zero_var_frac": statistics.median(s.get("zero_var_frac", float("nan")) for s in steps),
+        "decode_bytes": statistics.median(s.get("decode_bytes", float("nan")) for s in steps),
     }
 
 
@@ -447,8 +509,9 @@ def main() -> None:
     if ns.child:
         return child(ns)
 
-    peak = matmul_peak()
-    print(f"machine: {machine()}\nmatmul peak (float32, {THREADS} threads): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    peak, bw = matmul_peak(), memory_bandwidth()
+    print(f"machine: {machine()}\nmatmul peak (float32, {THREADS} threads): {peak / 1e9:.1f} GFLOP/s; "
+          f"read bandwidth {bw / 1e9:.1f} GB/s", flush=True)  # fmt: skip
     override = {k: v for k, v in (("steps", ns.steps), ("warmup", ns.warmup)) if v is not None}
     rows, lever_rows, checks, raw = [], [], {}, {}
     for name in ns.configs:
@@ -471,16 +534,17 @@ def main() -> None:
         raw[name] = {"config": c, "folder": str(folder), **res}
         rows.append((name, c, s))
         checks[name] = res["trl"][0]["loss_check"]
-        print(table([(name, c, s)], peak), flush=True)
+        print(table([(name, c, s)], peak, bw), flush=True)
     if not ns.no_levers and "tiny" in ns.configs:
         lever_rows = levers({**CONFIGS["tiny"], **override}, ns.lever_reps, ns.lever_rounds)
         raw["levers"] = lever_rows
         print(lever_table(lever_rows), flush=True)
     peak = max(peak, matmul_peak())  # the machine is shared: the best of before and after
-    raw["matmul_peak_flops"] = peak
+    bw = max(bw, memory_bandwidth())
+    raw["matmul_peak_flops"], raw["read_bandwidth_bytes_per_s"] = peak, bw
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = report(rows, lever_rows, peak, checks)
+    text = report(rows, lever_rows, peak, checks, bw)
     (out / "bench.md").write_text(text)
     (out / "bench.json").write_text(json.dumps(raw, indent=1, default=str))
     print("\n" + text + f"\nwrote {out / 'bench.md'} and {out / 'bench.json'}")
@@ -512,20 +576,26 @@ def levers(c: dict, reps: int, rounds: int) -> list[tuple[str, dict]]:
     return [(label, summarise(res[label], c["P"] * c["G"])) for label, _ in variants]
 
 
-def table(rows, peak: float) -> str:
+def table(rows, peak: float, bw: float) -> str:
     head = (
         "| config | system | step (s) | generation (s) | scoring (s) | update (s) | completion tok/step "
-        "| completion tok/s | peak RSS (MiB) | nominal GFLOP/s (% of matmul peak) | speed-up vs TRL |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| completion tok/s | peak RSS (MiB) | nominal GFLOP/s (% of matmul peak) | decode MB read / token "
+        "| generation at the bandwidth floor (s) (% of measured) | speed-up vs TRL |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for name, _, s in rows:
         for system in SYSTEMS:
+            if system not in s:
+                continue
             x = s[system]
+            floor = x["decode_bytes"] / bw
             lines.append(
                 f"| {name} | {system} | {x['step']:.2f} | {x['generation']:.2f} | {x['scoring']:.3f} "
                 f"| {x['update']:.2f} | {x['tokens_per_step']:.0f} | {x['tokens_per_s']:.0f} | {x['peak_rss_mib']:.0f} "
                 f"| {x['flops_per_s'] / 1e9:.1f} ({100 * x['flops_per_s'] / peak:.0f}%) "
+                f"| {x['decode_bytes'] / x['tokens_per_step'] / 1e6:.1f} "
+                f"| {floor:.2f} ({100 * floor / x['generation']:.0f}%) "
                 f"| {s['trl']['step'] / x['step']:.2f}x |"
             )
     return head + "\n".join(lines)
@@ -547,7 +617,7 @@ def lever_table(rows) -> str:
 SYNTHETIC = " (TRL's advantages were all 0, which would make the check vacuous: N(0,1) advantages instead)"
 
 
-def report(rows, lever_rows, peak: float, checks: dict) -> str:
+def report(rows, lever_rows, peak: float, checks: dict, bw: float) -> str:
     cfg_lines = "\n".join(
         f"- **{name}**: model `{c['model']}`, task `{c['task']}`, P = {c['P']} prompts x G = {c['G']} completions, "
         f"{c['T']} max new tokens, temperature 1.0, lr {c['lr']}, beta 0, 1 optimizer step per rollout, "
@@ -567,7 +637,8 @@ def report(rows, lever_rows, peak: float, checks: dict) -> str:
         "# creditbench GRPO vs TRL GRPOTrainer, side by side",
         "",
         f"Machine: {machine()}. Matmul peak (float32 torch.matmul 2048², {THREADS} thread(s), best of the runs "
-        f"before and after): {peak / 1e9:.1f} GFLOP/s. No GPU was lent to this task: CPU only.",
+        f"before and after): {peak / 1e9:.1f} GFLOP/s. Read bandwidth (torch.sum over 1 GiB of float32, "
+        f"{THREADS} thread(s), best of before and after): {bw / 1e9:.1f} GB/s. No GPU was lent to this task: CPU only.",
         f"Generated by `make bench` (`python scripts/bench.py`) on {stamp}.",
         "",
         cfg_lines,
@@ -580,9 +651,17 @@ def report(rows, lever_rows, peak: float, checks: dict) -> str:
         "8·N·(B·mean prompt length + completion tokens) per step, the work of the plain computation (one forward per "
         "sequence token to sample, forward + backward to train; N = matmul parameters, attention scores ignored), "
         "over the step time; creditbench skips part of that work (shared prompts, zero-advantage rows), so its "
-        "nominal rate can exceed the matmul peak.",
+        "nominal rate can exceed the matmul peak. Rows with bf16 sampling + TIS sample from a bfloat16 copy of the "
+        "policy refreshed every step (`rollout.sampler_dtype=bfloat16`) and weight each token's loss by "
+        "min(π_old/μ, 2) (`algorithm.is_correction=tis`); they change the samples, so they are settings, not speed "
+        "switches, and the learner recomputes log π_old in float32 (one more forward than the float32 rows, which "
+        "take it from the sampler). Decode MB read / token: the bytes a sampling call must stream from memory while "
+        "decoding (every weight once per decode step, plus the KV cache of each row the step runs; "
+        "`scripts/bench.py::decode_bytes`), per completion token; the bandwidth floor is those bytes over the "
+        "measured read bandwidth, the least time decoding can take on this machine, and its share of the measured "
+        "generation time says how close to that limit the sampler runs (prefill and sampling arithmetic are extra).",
         "",
-        table(rows, peak),
+        table(rows, peak, bw),
         "",
         "Same loss on the same rollouts: on TRL's first micro-batch, creditbench's GRPO loss (algorithms/grpo.py, "
         "beta 0) with TRL's rows and advantages, against TRL's own loss and gradients:",

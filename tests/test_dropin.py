@@ -74,3 +74,38 @@ def test_unknown_task_error_lists_available(tmp_path):
     )
     assert proc.returncode == 2, proc.returncode
     assert "unknown task 'countdonw'" in proc.stderr and "Did you mean 'countdown'" in proc.stderr, proc.stderr
+
+
+def readme_choice_source() -> str:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- example-choice -->\s*```python\n(.*?)```\s*<!-- /example-choice -->", text, re.S)
+    assert block, "README.md lost its example choice"
+    return block.group(1)
+
+
+def test_readme_example_choice_trains_via_include(tmp_path, store):
+    """The README's `median_grpo.py`, dropped into a directory given with --include, registers a new advantage value
+    and an algorithm that uses it: both the algorithm and GRPO with `algorithm.advantage=group_median` train 2 steps
+    from a warm start through the real CLI, and their MLflow runs carry the new value as a param and a choice tag;
+    a misspelt value fails at start-up with the available values and the nearest."""
+    d = tmp_path / "mychoices"
+    d.mkdir()
+    (d / "median_grpo.py").write_text(readme_choice_source())
+    base = [sys.executable, "-m", "bench", "train", "--include", str(d), "task=countdown", "init=sft",
+            "warm_start.max_steps=50", "trainer.max_steps=2", "trainer.eval_every=100", "trainer.progress_bar=false",
+            "task.num_eval=8", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=12",
+            "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=64",
+            *store["args"]]  # fmt: skip
+    client = MlflowClient(tracking_uri=store["uri"])
+    for selection in (["algorithm=median_grpo"], ["algorithm=grpo", "algorithm.advantage=group_median"]):
+        proc = subprocess.run(base + selection, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        run = client.get_run(re.search(r"MLflow run (\w+)", proc.stdout).group(1))
+        assert run.info.status == "FINISHED", run.info.status
+        assert run.data.params["algorithm.advantage"] == run.data.tags["choice.advantage"] == "group_median"
+        assert len(client.get_metric_history(run.info.run_id, "loss/total")) == 2
+    bad = subprocess.run(base + ["algorithm=grpo", "algorithm.advantage=group_medain"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2, bad.returncode
+    assert "advantage='group_medain' is not a registered choice" in bad.stderr, bad.stderr[-2000:]
+    assert "Did you mean 'group_median'" in bad.stderr and "rloo" in bad.stderr, bad.stderr[-2000:]
