@@ -132,6 +132,11 @@ class TrainConfig:
     share_prompt_forward: bool = True
     """Training forwards run each group's prompt once and its G completions on the prompt's KV cache (gradients flow
     through the cache) instead of G copies of prompt + completion (speed only: same loss)."""
+    old_logp_from_update: bool = True
+    """With one optimizer step per rollout (ppo_epochs 1, one minibatch) π_old is the policy the update starts from,
+    so when the sampler is not the learner (rollout.sampler_dtype, rollout.staleness) log π_old is the update's own
+    forward, detached, instead of a separate behaviour forward (speed only: the same loss up to summation order).
+    Algorithms that read π_old before the update (KL in the reward, a step-wide correction, a critic) keep the pass."""
     batch_size: int = 32
     """Supervised (SFT) examples per optimizer step."""
 

@@ -85,9 +85,9 @@ def readme_choice_source() -> str:
 
 def test_readme_example_choice_trains_via_include(tmp_path, store):
     """The README's `median_grpo.py`, dropped into a directory given with --include, registers a new advantage value
-    and an algorithm that uses it: both the algorithm and GRPO with `algorithm.advantage=group_median` train 2 steps
-    from a warm start through the real CLI, and their MLflow runs carry the new value as a param and a choice tag;
-    a misspelt value fails at start-up with the available values and the nearest."""
+    and an algorithm that uses it: the algorithm trains 2 steps from a warm start through the real CLI and its MLflow
+    run carries the new value as a param and a choice tag; GRPO accepts the value as an override (its config
+    validates), and a misspelt value fails at start-up with the available values and the nearest."""
     d = tmp_path / "mychoices"
     d.mkdir()
     (d / "median_grpo.py").write_text(readme_choice_source())
@@ -97,13 +97,18 @@ def test_readme_example_choice_trains_via_include(tmp_path, store):
             "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=64",
             *store["args"]]  # fmt: skip
     client = MlflowClient(tracking_uri=store["uri"])
-    for selection in (["algorithm=median_grpo"], ["algorithm=grpo", "algorithm.advantage=group_median"]):
+    for selection in (["algorithm=median_grpo"],):  # GRPO with the override: the same path (a choice value)
         proc = subprocess.run(base + selection, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         run = client.get_run(re.search(r"MLflow run (\w+)", proc.stdout).group(1))
         assert run.info.status == "FINISHED", run.info.status
         assert run.data.params["algorithm.advantage"] == run.data.tags["choice.advantage"] == "group_median"
         assert len(client.get_metric_history(run.info.run_id, "loss/total")) == 2
+    show = [sys.executable, "-m", "bench", "config", "--include", str(d), "algorithm=grpo", "task=countdown"]
+    cfg = subprocess.run(
+        show + ["algorithm.advantage=group_median"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert cfg.returncode == 0 and "advantage: group_median" in cfg.stdout, cfg.stdout[-1500:] + cfg.stderr[-1500:]
     bad = subprocess.run(base + ["algorithm=grpo", "algorithm.advantage=group_medain"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2, bad.returncode

@@ -289,7 +289,13 @@ def test_stale_and_low_precision_sampling_through_the_module(tiny_module):
     stale = make(**{"rollout.staleness": 1})
     a, b = on.make_rollout(batch_), stale.make_rollout(batch_)
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampler_logp, b.sampler_logp)
-    bf = make(**{"rollout.sampler_dtype": "bfloat16", "algorithm.is_correction": "tis"})
+    fused = make(**{"rollout.sampler_dtype": "bfloat16", "algorithm.is_correction": "tis"})
+    ro = fused.make_rollout(batch_)
+    fused.behaviour_logprobs(ro)
+    assert ro.old_logp is None  # one update per rollout: log π_old comes from the update's forward (perf tests)
+    bf = make(
+        **{"rollout.sampler_dtype": "bfloat16", "algorithm.is_correction": "tis", "train.old_logp_from_update": False}
+    )
     ro = bf.make_rollout(batch_)
     bf.behaviour_logprobs(ro)
     assert ro.old_logp is not ro.sampler_logp  # the learner recomputes log π_old

@@ -101,12 +101,13 @@ def _drive(module, task, steps: int, adamw: bool = False):
     module.manual_backward = lambda loss: loss.backward()
     rollouts, stats = [], []
     for step in range(steps):
-        module.step_count = step
+        module.step_count, module.step_stats = step, {}
         ro = _rollout(module, task, SCORES)
         module.behaviour_logprobs(ro)
+        module.correct_behaviour(ro)
         module.shape_rewards(ro)
         ro.adv = module.advantages(ro)
-        stats.append(module.update(ro))
+        stats.append({**module.step_stats, **module.update(ro)})
         rollouts.append(ro)
     return rollouts, stats, rec
 
@@ -204,6 +205,31 @@ def test_fast_update_equals_plain_update(single_thread, args):
             assert diff <= 1e-5, f"optimizer step {i}, {n}: max |Δgrad| {diff} (|grad| max {gp.abs().max().item()})"
     for (n, a), b in zip(plain_mod.policy.named_parameters(), fast_mod.policy.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-7, rtol=0), f"{n}: parameters differ after two steps"
+
+
+@pytest.mark.parametrize("correction", ["tis", "none"])
+def test_old_logp_from_the_update_equals_a_behaviour_forward(single_thread, correction):
+    """Sampling from a bfloat16 copy (so log μ ≠ log π_old and the sampler's log-probs cannot stand in), one optimizer
+    step per rollout: log π_old from the update's own forward (train.old_logp_from_update, no behaviour forward) gives
+    the behaviour forward's TIS weights, loss and gradients to 1e-5 over two steps, and the same mismatch statistics."""
+    args = ["rollout.sampler_dtype=bfloat16", f"algorithm.is_correction={correction}"]
+    sep_mod, task = _module(["train.old_logp_from_update=false", *args], fast=True)
+    fused_mod, _ = _module(["train.old_logp_from_update=true", *args], fast=True)
+    for m in (sep_mod, fused_mod):  # every row runs, so the fused path's statistics cover the same tokens
+        m.cfg.train.skip_zero_adv = False
+    fused_mod.policy.load_state_dict(sep_mod.policy.state_dict())
+    sep_ro, sep, rec_s = _drive(sep_mod, task, steps=2)
+    fused_ro, fused, rec_f = _drive(fused_mod, task, steps=2)
+    assert all(ro.old_logp is None for ro in fused_ro) and all(ro.old_logp is not None for ro in sep_ro)
+    for step, (rs, rf, ss, sf) in enumerate(zip(sep_ro, fused_ro, sep, fused, strict=True)):
+        assert torch.equal(rs.completion_ids, rf.completion_ids), f"step {step}: samples differ"
+        assert abs(ss["loss/total"] - sf["loss/total"]) <= 1e-5, (step, ss["loss/total"], sf["loss/total"])
+        for key in ("rollout/is_weight_mean", "rollout/mismatch_kl"):
+            assert abs(ss[key] - sf[key]) <= 1e-5 if key in ss else key not in sf, (step, key, ss.get(key), sf)
+    for i, (step_s, step_f) in enumerate(zip(rec_s.grads, rec_f.grads, strict=True)):
+        assert max(g.abs().max().item() for g in step_s) > 1e-6, f"optimizer step {i}: trivially zero gradient"
+        for gs, gf in zip(step_s, step_f, strict=True):
+            assert (gs - gf).abs().max().item() <= 1e-5, f"optimizer step {i}"
 
 
 def test_all_zero_advantage_step_still_steps_the_optimizer(single_thread):

@@ -184,7 +184,7 @@ class Rollout:
     components: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B]
     baseline: torch.Tensor | None = None  # [B] e.g. ReMax's greedy-rollout reward
     loss_mask: torch.Tensor | None = None  # [B, T] tokens that enter the loss (default: mask)
-    old_logp: torch.Tensor | None = None  # [B, T]
+    old_logp: torch.Tensor | None = None  # [B, T]; None until the update's forward with train.old_logp_from_update
     ref_logp: torch.Tensor | None = None  # [B, T]
     entropy: torch.Tensor | None = None  # [B, T] full-vocabulary entropy of π_old (when an algorithm needs it)
     answer_mask: torch.Tensor | None = None  # [B, T] float: tokens of the task's answer span (fine-grained credit)
@@ -260,13 +260,12 @@ class Rollout:
             "completion_mask": self.mask[idx],
             "mask": loss_mask[idx],
             "rewards": self.rewards[idx],
-            "old_logp": self.old_logp[idx],
             "sampler_logp": self.sampler_logp[idx],
             "adv": self.adv[idx],
             "group": idx // self.group_size,
         }
         # optional per-token tensors, present when computed (values, returns, macro_index: actor-critic, rl/value.py)
-        for name in ("ref_logp", "entropy", "answer_mask", "values", "returns", "macro_index", "is_weight"):
+        for name in ("old_logp", "ref_logp", "entropy", "answer_mask", "values", "returns", "macro_index", "is_weight"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)[idx]
         return out

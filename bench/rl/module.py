@@ -316,6 +316,17 @@ class RLModule(PolicyModule):
         """Score one greedy completion per prompt into ``rollout.baseline`` (ReMax)."""
         return False
 
+    @property
+    def reads_old_logp_before_update(self) -> bool:
+        """Whether anything before the update (rewards, advantages, corrections, a critic) reads log π_old; if not,
+        ``train.old_logp_from_update`` may take it from the update's own forward."""
+        return True
+
+    def behaviour_rows(self, rows: dict[str, torch.Tensor]) -> dict[str, float]:
+        """With log π_old taken from the update's forward (``rows["old_logp"]`` just set): what ``correct_behaviour``
+        would have put on these rows (e.g. ``rows["is_weight"]``); -> their statistics (token-weighted means)."""
+        return {}
+
     def keep_groups(self, ro: Rollout) -> torch.Tensor | None:
         """[P] bool: groups to train on; None keeps all. Dropped groups are replaced by freshly sampled prompts."""
         return None
@@ -434,6 +445,20 @@ class RLModule(PolicyModule):
         self.tokens_generated += int(everything.lengths.sum())
         return ro, stats, everything
 
+    def old_logp_deferred(self, batch_rows: int) -> bool:
+        """``train.old_logp_from_update`` applies: the sampler is not the learner, one optimizer step over the rollout,
+        no entropy of π_old, and nothing reads log π_old before the update."""
+        t = self.cfg.train
+        one_step = t.ppo_epochs == 1 and (t.minibatch_size is None or t.minibatch_size >= batch_rows)
+        mismatch = not self.behaviour.is_policy  # else the sampler's own log-probs stand in (logp_from_sampler)
+        return (
+            t.old_logp_from_update
+            and mismatch
+            and one_step
+            and not self.needs_entropy
+            and not self.reads_old_logp_before_update
+        )
+
     @torch.no_grad()
     def behaviour_logprobs(self, ro: Rollout) -> None:
         """log π_old from one batched training-mode forward (the sampler's log-probs are kept to log the gap), or,
@@ -444,6 +469,8 @@ class RLModule(PolicyModule):
         use_sampler = not self.needs_old_logp or (
             r.logp_from_sampler and self.sampler_logp_ok is True and not self.needs_entropy and self.behaviour.is_policy
         )
+        if not use_sampler and self.old_logp_deferred(ro.size):  # the update's own forward gives log π_old
+            ro.old_logp, use_sampler = None, None
         old, ref, ent = [], [], []
         for idx in torch.arange(ro.size, device=self.device).split(mb):
             args = (ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.mask[idx], r.temperature)
@@ -457,6 +484,8 @@ class RLModule(PolicyModule):
                 with self.reference.model() as ref_model:
                     ref.append(completion_logprobs(ref_model, *args, **self.forward_switches)[0])
         ro.ref_logp = torch.cat(ref) if ref else None
+        if use_sampler is None:
+            return
         if use_sampler:
             ro.old_logp = ro.sampler_logp
             return
@@ -509,7 +538,7 @@ class RLModule(PolicyModule):
         }
         if ro.size > 0:
             m["reward/shaped_mean"] = ro.rewards.mean()
-        if ro.size > 0 and ro.old_logp is not ro.sampler_logp:  # with log π_old from the sampler the gap is 0
+        if ro.size > 0 and ro.old_logp is not None and ro.old_logp is not ro.sampler_logp:  # from the sampler: 0
             m["rollout/sampler_logp_gap_max"] = ((ro.sampler_logp - ro.old_logp).abs() * ro.mask).max()
         m.update({f"reward/{k}": v.mean() for k, v in everything.components.items()})
         m.update(collect_stats)
@@ -559,6 +588,7 @@ class RLModule(PolicyModule):
                     step_stats["loss/total"] = 0.0
                 for micro in fwd.split(t.micro_batch_size) if len(fwd) else ():
                     rows = ro.rows(micro)
+                    deferred = "old_logp" not in rows
                     logp, entropy = completion_logprobs(
                         self.policy,
                         rows["prompt_ids"],
@@ -569,7 +599,11 @@ class RLModule(PolicyModule):
                         with_entropy=True,
                         **self.forward_switches,
                     )
+                    if deferred:  # π_old is the policy this single update starts from: its forward, detached
+                        rows["old_logp"] = logp.detach()
+                    extra = self.behaviour_rows(rows) if deferred else {}
                     loss, stats = self.loss(rows, logp, norm)
+                    stats = {**extra, **stats}
                     if not torch.isfinite(loss):
                         finite = False
                         break

@@ -274,6 +274,12 @@ CORRECTIONS = Choices(
 )
 
 
+# Corrections whose weight on a row reads that row alone (so they can be computed micro-batch by micro-batch); M2PO's
+# mask is chosen over the whole step.
+for _name in ("none", "tis", "seq_tis", "seq_mask", "icepop"):
+    CORRECTIONS[_name].row_local = True
+
+
 def behaviour_weights(cfg: PolicyGradientConfig, old_logp, sampler_logp, mask) -> tuple[torch.Tensor, dict]:
     """The correction's per-token weight and what it did: its mean, the share of tokens it zeroes, and the measured
     mismatch (a k1 estimate of KL(μ || π_old) from μ's own samples, and the largest |log π_old − log μ|)."""
@@ -484,10 +490,27 @@ class PolicyGradient(RLModule):
             self.acfg, ro.rewards, ro.token_rewards, ro.loss_mask, ro.group_size, ro.baseline, ro.step_ends
         )
 
+    @property
+    def reads_old_logp_before_update(self) -> bool:
+        kl_in_reward = self.acfg.kl_placement == "reward" and self.acfg.beta > 0  # shape_rewards reads π_old
+        return kl_in_reward or not getattr(CORRECTIONS[self.acfg.is_correction], "row_local", False)
+
     def correct_behaviour(self, ro: Rollout) -> None:
-        if self.acfg.is_correction != "none":
-            ro.is_weight, stats = behaviour_weights(self.acfg, ro.old_logp, ro.sampler_logp, ro.train_mask)
+        """The correction's weights, and the measured mismatch whenever the sampler is not the learner."""
+        if ro.old_logp is None:  # deferred to the update's forward (behaviour_rows)
+            return
+        if self.acfg.is_correction != "none" or not self.behaviour.is_policy:
+            w, stats = behaviour_weights(self.acfg, ro.old_logp, ro.sampler_logp, ro.train_mask)
+            ro.is_weight = None if self.acfg.is_correction == "none" else w
             self.step_stats.update(stats)
+
+    def behaviour_rows(self, rows):
+        if self.acfg.is_correction == "none" and self.behaviour.is_policy:
+            return {}
+        w, stats = behaviour_weights(self.acfg, rows["old_logp"], rows["sampler_logp"], rows["mask"])
+        if self.acfg.is_correction != "none":
+            rows["is_weight"] = w
+        return {k: float(v) for k, v in stats.items()}  # NOTE: per micro-batch, token-weighted (the max too)
 
     def loss(self, rows, logp, norm):
         self.loss_calls += 1  # seeds the random choices of a trust region (Clip-Cov) per micro-batch

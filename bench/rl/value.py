@@ -265,6 +265,8 @@ class ActorCritic(PolicyGradient):
                 p.grad = None
         self.critic_grad_norms.append(float(norm))
 
+    reads_old_logp_before_update = True  # the behaviour pass also computes V_old (below)
+
     @torch.no_grad()
     def behaviour_logprobs(self, ro: Rollout) -> None:
         """log π_old (and π_ref) as usual, then V_old(s_t) [B, T] from the critic before any update.
