@@ -343,6 +343,7 @@ def flatten(cfg: DictConfig | dict, prefix: str = "") -> dict[str, Any]:
 ADDED_DEFAULTS: dict[str, Any] = {
     "rollout.sampler_dtype": "float32",
     "rollout.staleness": 0,
+    "train.old_logp_from_update": True,
     "algorithm.clip_ratio_c": None,
     "algorithm.log_ratio_cap": None,
     "algorithm.gmpo_clip": 0.4,
