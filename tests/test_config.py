@@ -81,3 +81,17 @@ def test_every_registered_name_has_yaml():
         assert (CONF / "algorithm" / f"{name}.yaml").exists(), name
     for name in TASKS.names():
         assert (CONF / "task" / f"{name}.yaml").exists(), name
+
+
+def test_added_defaults_are_the_defaults_and_leave_identities_unchanged():
+    """Every key of ADDED_DEFAULTS is recorded at its actual default (so a default config hashes exactly as it did
+    before the key existed), and setting one to anything else changes the hash."""
+    from bench.config import ADDED_DEFAULTS, config_hash, flatten
+
+    cfg = compose(["algorithm=grpo", "task=countdown"])
+    flat = flatten(cfg)
+    for key, value in ADDED_DEFAULTS.items():
+        assert flat[key] == value, (key, flat[key], value)
+    before = {k: v for k, v in flat.items() if k not in ADDED_DEFAULTS}  # the config as it was before these keys
+    assert config_hash(cfg) == config_hash(before)
+    assert config_hash(compose(["algorithm=grpo", "task=countdown", "rollout.staleness=1"])) != config_hash(cfg)
