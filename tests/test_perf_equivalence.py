@@ -218,9 +218,14 @@ def test_old_logp_from_the_update_equals_a_behaviour_forward(single_thread, corr
     for m in (sep_mod, fused_mod):  # every row runs, so the fused path's statistics cover the same tokens
         m.cfg.train.skip_zero_adv = False
     fused_mod.policy.load_state_dict(sep_mod.policy.state_dict())
+    forwards = {}  # training-mode forwards of each policy (the sampler's copy is another module)
+    for name, m in (("separate", sep_mod), ("fused", fused_mod)):
+        forwards[name] = 0
+        m.policy.register_forward_hook(lambda *a, n=name: forwards.__setitem__(n, forwards[n] + 1))
     sep_ro, sep, rec_s = _drive(sep_mod, task, steps=2)
     fused_ro, fused, rec_f = _drive(fused_mod, task, steps=2)
     assert all(ro.old_logp is None for ro in fused_ro) and all(ro.old_logp is not None for ro in sep_ro)
+    assert forwards["fused"] < forwards["separate"], forwards  # the behaviour forward is not run at all
     for step, (rs, rf, ss, sf) in enumerate(zip(sep_ro, fused_ro, sep, fused, strict=True)):
         assert torch.equal(rs.completion_ids, rf.completion_ids), f"step {step}: samples differ"
         assert abs(ss["loss/total"] - sf["loss/total"]) <= 1e-5, (step, ss["loss/total"], sf["loss/total"])

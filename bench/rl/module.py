@@ -469,12 +469,11 @@ class RLModule(PolicyModule):
         use_sampler = not self.needs_old_logp or (
             r.logp_from_sampler and self.sampler_logp_ok is True and not self.needs_entropy and self.behaviour.is_policy
         )
-        if not use_sampler and self.old_logp_deferred(ro.size):  # the update's own forward gives log π_old
-            ro.old_logp, use_sampler = None, None
+        deferred = not use_sampler and self.old_logp_deferred(ro.size)  # the update's own forward gives log π_old
         old, ref, ent = [], [], []
         for idx in torch.arange(ro.size, device=self.device).split(mb):
             args = (ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.mask[idx], r.temperature)
-            if not use_sampler:
+            if not use_sampler and not deferred:
                 logp, entropy = completion_logprobs(
                     self.policy, *args, with_entropy=self.needs_entropy, **self.forward_switches
                 )
@@ -484,7 +483,8 @@ class RLModule(PolicyModule):
                 with self.reference.model() as ref_model:
                     ref.append(completion_logprobs(ref_model, *args, **self.forward_switches)[0])
         ro.ref_logp = torch.cat(ref) if ref else None
-        if use_sampler is None:
+        if deferred:
+            ro.old_logp = None
             return
         if use_sampler:
             ro.old_logp = ro.sampler_logp
