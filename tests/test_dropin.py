@@ -11,10 +11,11 @@ from mlflow.tracking import MlflowClient
 from bench import ROOT
 
 
-def readme_task_source() -> str:
+def readme_example(name: str) -> str:
+    """The python block between <!-- example-NAME --> and <!-- /example-NAME --> in README.md."""
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- example-task -->\s*```python\n(.*?)```\s*<!-- /example-task -->", text, re.S)
-    assert block, "README.md lost its example task"
+    block = re.search(rf"<!-- example-{name} -->\s*```python\n(.*?)```\s*<!-- /example-{name} -->", text, re.S)
+    assert block, f"README.md lost its example {name}"
     return block.group(1)
 
 
@@ -23,7 +24,7 @@ def test_readme_example_task_trains_two_steps_via_include(tmp_path, store):
     2 GRPO steps through the real CLI in a subprocess; the MLflow run is FINISHED with the task's tag."""
     d = tmp_path / "mytasks"
     d.mkdir()
-    (d / "reverse.py").write_text(readme_task_source())
+    (d / "reverse.py").write_text(readme_example("task"))
     args = [
         sys.executable,
         "-m",
@@ -76,13 +77,6 @@ def test_unknown_task_error_lists_available(tmp_path):
     assert "unknown task 'countdonw'" in proc.stderr and "Did you mean 'countdown'" in proc.stderr, proc.stderr
 
 
-def readme_choice_source() -> str:
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- example-choice -->\s*```python\n(.*?)```\s*<!-- /example-choice -->", text, re.S)
-    assert block, "README.md lost its example choice"
-    return block.group(1)
-
-
 def test_readme_example_choice_trains_via_include(tmp_path, store):
     """The README's `median_grpo.py`, dropped into a directory given with --include, registers a new advantage value
     and an algorithm that uses it: the algorithm trains 2 steps from a warm start through the real CLI and its MLflow
@@ -90,7 +84,7 @@ def test_readme_example_choice_trains_via_include(tmp_path, store):
     validates), and a misspelt value fails at start-up with the available values and the nearest."""
     d = tmp_path / "mychoices"
     d.mkdir()
-    (d / "median_grpo.py").write_text(readme_choice_source())
+    (d / "median_grpo.py").write_text(readme_example("choice"))
     base = [sys.executable, "-m", "bench", "train", "--include", str(d), "task=countdown", "init=sft",
             "warm_start.max_steps=50", "trainer.max_steps=2", "trainer.eval_every=100", "trainer.progress_bar=false",
             "task.num_eval=8", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=12",

@@ -356,6 +356,7 @@ def _minirl(ratio, adv, cfg, tok):
 # A trust region whose value on a row depends on the micro-batch's other rows (a covariance over it) says so; the module
 # then never skips zero-advantage rows (train.skip_zero_adv), which would change those statistics.
 _clip_cov.row_coupled = _kl_cov.row_coupled = True
+_clip_cov.draws = True  # reads tok.generator: the module seeds one per micro-batch
 
 TRUST_REGIONS = Choices(
     "trust_region",
@@ -514,7 +515,9 @@ class PolicyGradient(RLModule):
 
     def loss(self, rows, logp, norm):
         self.loss_calls += 1  # seeds the random choices of a trust region (Clip-Cov) per micro-batch
-        gen = torch.Generator().manual_seed(sample_seed(self.cfg.seed, self.step_count, "loss", self.loss_calls))
+        gen = None
+        if getattr(TRUST_REGIONS[self.acfg.trust_region], "draws", False):
+            gen = torch.Generator().manual_seed(sample_seed(self.cfg.seed, self.step_count, "loss", self.loss_calls))
         return policy_loss(
             logp,
             rows["old_logp"],
