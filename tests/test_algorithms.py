@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,8 +108,11 @@ def test_algorithm_trains_two_steps_and_logs_its_choices(name, store):
 
 
 def moved_from_warm_start(store, task: str, result) -> float:
-    """The largest parameter change of a finished run from its cached SFT warm start (the store's only one)."""
-    (init_dir,) = [p for p in (store["dir"] / "cache" / "sft").glob(f"{task}-tiny-s0-*") if p.is_dir()]
+    """The largest parameter change of a finished run from the SFT warm start it started from (its warm_start.path tag;
+    the session store may hold more than one warm start for a task, e.g. one with a different SFT length)."""
+    run = MlflowClient(tracking_uri=store["uri"]).get_run(result.run_id)
+    init_dir = Path(run.data.tags["warm_start.path"])
+    assert init_dir.is_dir() and init_dir.name.startswith(f"{task}-"), init_dir
     init = AutoModelForCausalLM.from_pretrained(init_dir)
     trained = AutoModelForCausalLM.from_pretrained(result.run_dir / "final")
     return max((a - b).abs().max().item() for a, b in zip(init.parameters(), trained.parameters(), strict=True))
