@@ -244,3 +244,41 @@ def test_settings_are_analysed_one_by_one_and_drawn_against_the_knob(tmp_path):
         assert len(mine) == 5 and float(p["final"]) == pytest.approx(statistics.fmean(mine))
     assert (out / "settings_horizon.png").stat().st_size > 10_000
     assert "## Against horizon" in summary and "| variant | horizon=1 | horizon=8 |" in summary
+
+
+def test_two_setting_axes_get_one_panel_per_value_of_the_second(tmp_path):
+    """report.settings = [rollout.staleness, rollout.sampler_dtype] (the off_policy sweep): the curves against
+    staleness are drawn and tabled once per sampler precision, each point the mean of its own runs only (not two
+    points at one x under one label)."""
+    axes = {
+        "algorithm": ["grpo"],
+        "algorithm.is_correction": ["none", "tis"],
+        "task": ["countdown"],
+        "rollout.staleness": [0, 1],
+        "rollout.sampler_dtype": ["float32", "bfloat16"],
+        "seed": list(range(3)),
+    }
+    settings = {"settings": ["rollout.staleness", "rollout.sampler_dtype"], "baseline": "grpo is_correction=none"}
+    path = _sweep_file(tmp_path, "regimes", axes=axes, report=settings)
+    c = lambda c: 0.8 * (c.cfg.algorithm.is_correction == "tis" and c.cfg.rollout.sampler_dtype == "bfloat16")  # noqa: E731
+    _log_runs(tmp_path, path, c)
+    summary = report(str(path)).read_text()
+    out = tmp_path / "results" / "regimes"
+    points = list(csv.DictReader((out / "settings.csv").open()))
+    panels = {f"countdown rollout.sampler_dtype={d}" for d in ("float32", "bfloat16")}
+    keys = [(p["panel"], p["variant"], float(p["x"])) for p in points]
+    assert len(keys) == len(set(keys)) == 8 and {k[0] for k in keys} == panels, keys
+    runs = list(csv.DictReader((out / "runs.csv").open()))
+    for p in points:
+        dtype = p["panel"].split("=")[-1]
+        where = f"countdown rollout.staleness={float(p['x']):g} rollout.sampler_dtype={dtype}"
+        mine = [float(r["final"]) for r in runs if r["variant"] == p["variant"] and r["task"] == where]
+        assert len(mine) == 3 and float(p["final"]) == pytest.approx(statistics.fmean(mine)), (p, where)
+    gain = {(p["panel"], p["x"]): float(p["final"]) for p in points if p["variant"] == "grpo is_correction=tis"}
+    base = {(p["panel"], p["x"]): float(p["final"]) for p in points if p["variant"] == "grpo is_correction=none"}
+    for k in gain:
+        assert (gain[k] - base[k] > 0.1) == k[0].endswith("bfloat16"), (k, gain[k], base[k])
+    for panel in panels:
+        assert f"**{panel}**" in summary
+    assert "| variant | rollout.staleness=0 | rollout.staleness=1 |" in summary
+    assert (out / "settings_rollout.staleness.png").stat().st_size > 10_000

@@ -35,10 +35,10 @@ def _style(i: int):
     return colours[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20], ["-", "--", ":", "-."][(i // 10) % 4]
 
 
-def _panels(n: int, width: float = 7, height: float = 5):
-    """A figure of n panels, at most 4 per row (a sweep with many settings wraps instead of growing wide)."""
+def _panels(n: int, width: float = 7, height: float = 5, per_row: int = 4):
+    """A figure of n panels, at most ``per_row`` per row (a sweep with many settings wraps instead of growing wide)."""
     plt = _plt()
-    cols = min(n, 4)
+    cols = min(n, per_row)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     flat = list(axes.flat)
@@ -186,17 +186,26 @@ def plot_settings(points: list[dict], knob: str, metric: str, path: Path) -> Non
     to the threshold (mean over the seeds that reached it; the share that did beside each point) against the
     setting ``knob`` (e.g. horizon), one line per variant."""
     plt = _plt()
-    tasks = sorted({p["task"] for p in points})
-    fig, axes = _panels(2 * len(tasks), width=6.5, height=4.5)
+    from matplotlib.transforms import ScaledTranslation
+
+    tasks = sorted(
+        {p["panel"] for p in points}, key=natural_key
+    )  # a task, with the other setting axes' values when there are several
+    fig, axes = _panels(2 * len(tasks), width=6.5, height=4.5, per_row=2)  # one row per panel
     for j, task in enumerate(tasks):
         ax_f, ax_s = axes[2 * j], axes[2 * j + 1]
-        mine = [p for p in points if p["task"] == task]
-        for i, v in enumerate(sorted({p["variant"] for p in mine})):
+        mine = [p for p in points if p["panel"] == task]
+        names = sorted({p["variant"] for p in mine})
+        for i, v in enumerate(names):
             colour, style = _style(i)
             ps = sorted((p for p in mine if p["variant"] == v), key=lambda p: p["x"])
             xs = [p["x"] for p in ps]
-            ax_f.errorbar(xs, [p["final"] for p in ps], yerr=[p["final_ci95"] for p in ps], fmt="o" + style,
-                          color=colour, capsize=3, label=v)  # fmt: skip
+            # intervals side by side: each variant shifted a few points left or right of its x (display space)
+            dodge = ScaledTranslation((i - (len(names) - 1) / 2) * 5 / 72, 0, fig.dpi_scale_trans)
+            bars = ax_f.errorbar(xs, [p["final"] for p in ps], yerr=[p["final_ci95"] for p in ps], fmt="o" + style,
+                                 color=colour, capsize=3, label=v)  # fmt: skip
+            for artist in bars.get_children():  # shifted after autoscaling, which reads the data transform
+                artist.set_transform(artist.get_transform() + dodge)
             reached = [p for p in ps if p["reached"] > 0]
             ax_s.plot([p["x"] for p in reached], [p["samples_to_threshold"] for p in reached], "o" + style,
                       color=colour, label=v)  # fmt: skip
@@ -204,15 +213,18 @@ def plot_settings(points: list[dict], knob: str, metric: str, path: Path) -> Non
                 if p["reached"] < p["seeds"]:
                     ax_s.annotate(f"{p['reached']}/{p['seeds']}", (p["x"], p["samples_to_threshold"]), fontsize=6,
                                   color=colour, xytext=(3, 3), textcoords="offset points")  # fmt: skip
+        xs = sorted({p["x"] for p in mine})
         for ax in (ax_f, ax_s):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel(f"{knob} (log scale)")
+            # a log axis for a geometric knob (K = 1, 2, 4, 8); 0 (e.g. staleness 0) sits on a linear stretch to 1
+            ax.set_xscale("log", base=2) if xs[0] > 0 else ax.set_xscale("symlog", base=2, linthresh=1)
+            ax.set_xticks(xs, [f"{x:g}" for x in xs])
+            ax.set_xlabel(f"{knob} (log scale{'' if xs[0] > 0 else ', linear below 1'})")
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=7)
         thr = mine[0]["threshold"]
-        ax_f.set_title(f"{task}: final held-out {metric} (95% CI over seeds)")
+        ax_f.set_title(f"{task}\nfinal held-out {metric} (95% CI over seeds)", fontsize=10)
         ax_f.set_ylabel(f"final {metric}")
-        ax_s.set_title(f"{task}: samples until {metric} >= {thr:g} (n/N: seeds that got there)")
+        ax_s.set_title(f"{task}\nsamples until {metric} >= {thr:g} (n/N: seeds that got there)", fontsize=10)
         ax_s.set_ylabel("samples generated")
         ax_s.set_yscale("log")
     fig.tight_layout()

@@ -713,7 +713,7 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
     for ax_name in ("tokens", "samples"):
         plot_fits(groups, fitted[ax_name], ax_name, metric, out / f"compute_{ax_name}.png")
     images = plot_rliable(scores, agg_by_variant, pairs, metric, out) if scores["final"] else []
-    points = setting_points(groups, rows, rep.settings[0]) if rep.settings else []
+    points = setting_points(groups, rows, rep.settings) if rep.settings else []
     if points:
         knob = setting_name(rep.settings[0])
         plot_settings(points, knob, metric, out / f"settings_{knob}.png")
@@ -787,20 +787,24 @@ def _write_csvs(out, rows, runs, labels, threshold, comparisons, fitted) -> None
                                 fit.determined, fit.reason, fit.points])  # fmt: skip
 
 
-def setting_points(groups: list[Group], rows: list[dict], knob: str) -> list[dict]:
-    """One point per (task, variant, value of the setting axis ``knob``): the final value with its 95% t interval
-    and the samples to the threshold, for the setting curves (e.g. accuracy against the credit horizon)."""
+def setting_points(groups: list[Group], rows: list[dict], settings: list[str]) -> list[dict]:
+    """One point per (task, other settings, variant, value of the first setting axis): the final value with its 95% t
+    interval and the samples to the threshold, for the setting curves (e.g. accuracy against the credit horizon).
+    With more than one setting axis (staleness x sampler precision), ``panel`` holds the task and the other axes'
+    values, so each combination gets its own curves instead of two points at one x under one label."""
+    knob, others = settings[0], settings[1:]
     by_key = {(r["task"], r["variant"]): r for r in rows}
     out = []
     for g in groups:
         if not g.runs or knob not in g.runs[0].cell.axes:
             continue
         c, r = g.runs[0].cell, by_key[(g.task, g.variant)]
-        out.append({"task": c.cfg.task.name, "variant": g.variant, "x": float(c.axes[knob]), "seeds": r["seeds"],
-                    "final": r["final_mean"], "final_ci95": r["final_ci95"], "auc": r["auc_mean"],
+        panel = c.cfg.task.name + "".join(f" {setting_name(k)}={c.axes[k]}" for k in others if k in c.axes)
+        out.append({"task": c.cfg.task.name, "panel": panel, "variant": g.variant, "x": float(c.axes[knob]),
+                    "seeds": r["seeds"], "final": r["final_mean"], "final_ci95": r["final_ci95"], "auc": r["auc_mean"],
                     "auc_ci95": r["auc_ci95"], "samples_to_threshold": r["samples_to_threshold_mean"],
                     "reached": r["reached"], "threshold": r["threshold"]})  # fmt: skip
-    return sorted(out, key=lambda p: (p["task"], p["variant"], p["x"]))
+    return sorted(out, key=lambda p: (p["panel"], p["variant"], p["x"]))
 
 
 def _setting_lines(points: list[dict], knob: str, metric: str) -> list[str]:
@@ -809,8 +813,8 @@ def _setting_lines(points: list[dict], knob: str, metric: str) -> list[str]:
              "the mean samples until the threshold (n/N seeds that reached it). Each setting's own section below "
              "compares the variants with the baseline, paired by seed; the picture is "
              f"[settings_{knob}.png](settings_{knob}.png).", ""]  # fmt: skip
-    for task in sorted({p["task"] for p in points}):
-        mine = [p for p in points if p["task"] == task]
+    for task in sorted({p["panel"] for p in points}):
+        mine = [p for p in points if p["panel"] == task]
         xs = sorted({p["x"] for p in mine})
         thr = mine[0]["threshold"]
         head = " | ".join(f"{knob}={x:g}" for x in xs)
