@@ -91,6 +91,10 @@ class RolloutConfig:
     sampler_dtype: str = "float32"
     """float32 | bfloat16: sample from a copy of the policy's weights in this precision, refreshed every step (the
     learner's log π_old stays float32; the gap to the sampler's log μ is the training-inference mismatch)."""
+    sampler_attention: str = "model"
+    """model | eager | sdpa: the attention kernel of the sampler's copy (model: the policy's own). On CPU, eager
+    samples 1.47x faster than SDPA from bfloat16 weights (SDPA's bfloat16 decode kernel is slow there); any value but
+    model gives the sampler its own copy, so its log μ may differ from log π_old by kernel rounding."""
     staleness: int = 0
     """k: step s samples with the policy's weights of step max(0, s − k), as a k-step asynchronous pipeline does
     (0: on-policy). The learner recomputes log π_old with its current weights."""
@@ -98,6 +102,8 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.sampler_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"rollout.sampler_dtype={self.sampler_dtype!r}: choose float32, bfloat16 or float16")
+        if self.sampler_attention not in ("model", "eager", "sdpa"):
+            raise ValueError(f"rollout.sampler_attention={self.sampler_attention!r}: choose model, eager or sdpa")
         if self.staleness < 0:
             raise ValueError(
                 f"rollout.staleness must be >= 0 (updates between sampling and training), got {self.staleness}"
@@ -343,6 +349,7 @@ def flatten(cfg: DictConfig | dict, prefix: str = "") -> dict[str, Any]:
 ADDED_DEFAULTS: dict[str, Any] = {
     "rollout.sampler_dtype": "float32",
     "rollout.staleness": 0,
+    "rollout.sampler_attention": "model",
     "train.old_logp_from_update": True,
     "algorithm.clip_ratio_c": None,
     "algorithm.log_ratio_cap": None,

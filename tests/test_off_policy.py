@@ -305,6 +305,27 @@ def test_stale_and_low_precision_sampling_through_the_module(tiny_module):
     assert ro.is_weight is not None and bf.step_stats["rollout/mismatch_logp_max"] == pytest.approx(gap, rel=1e-6)
 
 
+def test_sampler_attention_gives_the_copy_its_own_kernel_and_leaves_the_policy_alone(tiny_module):
+    """rollout.sampler_attention=eager: the sampler is a copy (even at staleness 0 in float32) decoding with the
+    plain matmul attention while the learner keeps SDPA; in float32 the two kernels give the same log-probs to
+    rounding, so the logged mismatch is ~0 (the setting changes the kernel, not the policy); a bad value names the
+    choices."""
+    make, batch_ = tiny_module
+    on = make()
+    eager = make(**{"rollout.sampler_attention": "eager", "train.old_logp_from_update": False})
+    assert not eager.behaviour.is_policy and on.behaviour.is_policy
+    ro = eager.make_rollout(batch_)
+    sampler = eager.behaviour.model(eager.policy, eager.behaviour.step)
+    assert sampler is not eager.policy and sampler.config._attn_implementation == "eager"
+    assert eager.policy.config._attn_implementation == on.policy.config._attn_implementation == "sdpa"
+    eager.behaviour_logprobs(ro)
+    assert ((ro.old_logp - ro.sampler_logp).abs() * ro.mask).max().item() < 1e-4
+    eager.correct_behaviour(ro)
+    assert abs(eager.step_stats["rollout/mismatch_kl"]) < 1e-5, eager.step_stats
+    with pytest.raises(ValueError, match="sampler_attention='flash'.*model, eager or sdpa"):
+        make(**{"rollout.sampler_attention": "flash"})
+
+
 # ---- against the peers' own code on the same tensors ---------------------------------------------------------------
 # verl's wheel ships a top-level `tests` package, so `make install` puts it (with --no-deps, and the four modules its
 # loss code imports) in a folder of its own, <venv>/peers, appended to sys.path only here.

@@ -4,6 +4,10 @@
 as inference engines sample from their own low-precision weights; ``rollout.staleness = k`` samples step s from the
 policy's weights of step max(0, s − k), as a k-step asynchronous pipeline does. With staleness 0 and float32 there is
 no copy at all: the policy samples itself, the path every run took before these switches existed.
+``rollout.sampler_attention`` picks the copy's attention kernel (an inference engine picks its own): on this CPU,
+PyTorch's SDPA kernel is slow in bfloat16 at decode (1.8 ms against 0.4 ms in float32 per SmolLM2 layer call), and
+the plain matmul attention ("eager") samples 1.47x faster than SDPA from the same bfloat16 weights
+(results/perf/NOTES.md).
 
 The learner always recomputes log π_old with its current weights; the sampler's own log-probs are log μ, so
 π_old/μ measures both mismatches (``rollout/mismatch_kl``) and the corrections of bench/rl/objective.py use it.
@@ -17,6 +21,7 @@ from collections import deque
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ATTENTION = ("model", "eager", "sdpa")  # model: the policy's own implementation
 
 
 class BehaviourPolicy:
@@ -24,12 +29,14 @@ class BehaviourPolicy:
     in ``dtype`` holding the trainable weights of ``staleness`` steps ago (frozen weights never change, so only the
     trainable ones are kept per step)."""
 
-    def __init__(self, dtype: str = "float32", staleness: int = 0):
+    def __init__(self, dtype: str = "float32", staleness: int = 0, attention: str = "model"):
         if dtype not in DTYPES:
             raise ValueError(f"rollout.sampler_dtype={dtype!r}: choose one of {', '.join(DTYPES)}")
         if staleness < 0:
             raise ValueError(f"rollout.staleness must be >= 0 (updates between sampling and training), got {staleness}")
-        self.dtype, self.staleness = DTYPES[dtype], staleness
+        if attention not in ATTENTION:
+            raise ValueError(f"rollout.sampler_attention={attention!r}: choose one of {', '.join(ATTENTION)}")
+        self.dtype, self.staleness, self.attention = DTYPES[dtype], staleness, attention
         self.history: deque[dict[str, torch.Tensor]] = deque(maxlen=staleness + 1)
         self.copy: torch.nn.Module | None = None
         self.step: int | None = None
@@ -37,13 +44,15 @@ class BehaviourPolicy:
     @property
     def is_policy(self) -> bool:
         """Whether the policy samples itself (no copy, no mismatch)."""
-        return self.staleness == 0 and self.dtype == torch.float32
+        return self.staleness == 0 and self.dtype == torch.float32 and self.attention == "model"
 
     def model(self, policy: torch.nn.Module, step: int) -> torch.nn.Module:
         if self.is_policy:
             return policy
         if self.copy is None:
             self.copy = copy.deepcopy(policy).eval()
+            if self.attention != "model":
+                self.copy.set_attn_implementation(self.attention)
             for p in self.copy.parameters():
                 p.requires_grad_(False)
                 if p.is_floating_point():

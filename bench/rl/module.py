@@ -265,7 +265,8 @@ class RLModule(PolicyModule):
         self.timer: dict[str, float] = defaultdict(float)
         self.step_stats: dict[str, float] = {}  # diagnostics a hook computed this step (e.g. advantage statistics)
         self.sampler_logp_ok: bool | None = None  # rollout.logp_from_sampler: the first step's check (None: not yet)
-        self.behaviour = BehaviourPolicy(cfg.rollout.sampler_dtype, cfg.rollout.staleness)
+        r = cfg.rollout
+        self.behaviour = BehaviourPolicy(r.sampler_dtype, r.staleness, r.sampler_attention)
         self.loss_calls = 0  # loss() calls this step (seeds a trust region's random choices per micro-batch)
 
     # ---- what an algorithm declares ------------------------------------------------------------------------------
