@@ -350,6 +350,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "rollout.sampler_dtype": "float32",
     "rollout.staleness": 0,
     "rollout.sampler_attention": "model",
+    "task.demo_error_rate": 0.0,
     "train.old_logp_from_update": True,
     "algorithm.clip_ratio_c": None,
     "algorithm.log_ratio_cap": None,

@@ -43,7 +43,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -265,6 +265,24 @@ def generate(cfg: CountdownConfig) -> dict[str, list[Example]]:
     return out
 
 
+def demo_is_wrong(example: Example, cfg: CountdownConfig) -> bool:
+    """Whether ``task.demo_error_rate`` picks this problem for a wrong demonstration (a stable hash share)."""
+    key = f"wrong-demo|{cfg.gen_seed}|{problem_key(example.answer['nums'], example.answer['target'])}"
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64 < cfg.demo_error_rate
+
+
+def wrong_demonstration(example: Example, cfg: CountdownConfig) -> Example | None:
+    """The example with a demonstration that uses every number once and misses the target (a random equation of its
+    numbers, seeded by the problem); None when 20 draws all hit the target."""
+    nums, target = example.answer["nums"], example.answer["target"]
+    rng = random.Random(f"{cfg.gen_seed}|{problem_key(nums, target)}")
+    for _ in range(20):
+        tree, value = random_tree(rng, nums)
+        if value != target:
+            return replace(example, demonstration=f"{OPEN_TAG}{to_expr(tree)}{CLOSE_TAG}")
+    return None
+
+
 def data_path(data_root: str | None, source: str) -> Path:
     """``<data_root>/countdown/<source>.jsonl``; FileNotFoundError with the fix when it is not there."""
     hint = (
@@ -361,6 +379,11 @@ class CountdownConfig(TaskConfig):
     7,329 problems (5,896 train / 358 val / 1,075 test)."""
     gen_seed: int = 1234
     """Data seed, independent of the run seed so that all runs share the same problems."""
+    demo_error_rate: float = 0.0
+    """Share of training problems (hash-chosen, the same in every run) whose SFT demonstration is a well-formed wrong
+    equation: every number once, a value other than the target. A partial-demonstration warm start: the model learns
+    the format and, from the rest, how to reach a target, but puts mass on wrong answers that RL can move. RL
+    prompts and the evaluation are unchanged."""
     test_share: float = 0.15
     """Share of generated problems in the test split (by hash): 15 % of the default 7,329 gives 1,075, enough for
     the default 1000-problem evaluation (binomial SE 0.015 at p = 0.4; results/eval_noise.md)."""
@@ -374,6 +397,8 @@ class CountdownConfig(TaskConfig):
             )
         if not (0 < self.test_share and 0 <= self.val_share and self.test_share + self.val_share < 1):
             raise ValueError(f"need 0 < test_share, 0 <= val_share, sum < 1; got {self.test_share}, {self.val_share}")
+        if not 0 <= self.demo_error_rate <= 1:
+            raise ValueError(f"task.demo_error_rate must be in [0, 1], got {self.demo_error_rate}")
         for field_name in ("max_number", "max_target", "num_generated"):
             if getattr(self, field_name) < 1:
                 raise ValueError(f"{field_name} must be >= 1, got {getattr(self, field_name)}")
@@ -411,6 +436,12 @@ class Countdown(Task):
                 e for e in self._generated["train"] if problem_key(e.answer["nums"], e.answer["target"]) not in held_out
             ]
         return list(self._loaded)
+
+    def demonstrations(self) -> list[Example]:
+        demos = super().demonstrations()
+        if self.cfg.demo_error_rate == 0:
+            return demos
+        return [wrong_demonstration(e, self.cfg) or e if demo_is_wrong(e, self.cfg) else e for e in demos]
 
     def instruction(self, example: Example) -> str:
         return (

@@ -196,6 +196,30 @@ def test_generated_demonstrations_score_one(generated) -> None:
             assert res.score == 1.0, f"{e.uid} {e.answer}: demonstration {e.demonstration!r} scored {res}"
 
 
+@pytest.mark.parametrize("rate", [0.0, 0.3, 1.0])
+def test_demo_error_rate_makes_that_share_of_demonstrations_wrong_and_nothing_else(generated, rate) -> None:
+    """task.demo_error_rate: about that share of the SFT demonstrations (exactly the hash-chosen problems, the same in
+    every build and run seed) are well-formed wrong equations (format 1, every number once, correct 0); the others
+    are the solver's right ones; RL prompts and the evaluation split are untouched."""
+    cfg = CountdownConfig(num_generated=6000, num_count_min=3, num_count_max=4, demo_error_rate=rate)
+    demos = Countdown(cfg, seed=7).demonstrations()
+    assert demos == Countdown(cfg, seed=8).demonstrations()  # the run seed does not choose them
+    train = generated["train"]
+    assert [(e.uid, e.answer) for e in demos] == [(e.uid, e.answer) for e in train]
+    wrong = 0
+    for e, right in zip(demos, train, strict=True):
+        res = reward(e, e.demonstration)
+        assert res.components["format"] == 1.0 and res.components["uses_numbers"] == 1.0, (e.demonstration, res)
+        if e.demonstration != right.demonstration:
+            wrong += 1
+            assert res.score == 0.0, (e.uid, e.demonstration, e.answer)
+    assert abs(wrong / len(demos) - rate) < 0.03, (wrong, len(demos))
+    task = Countdown(cfg)
+    assert task.load_split("train") == train and task.load_split("test") == generated["test"]
+    with pytest.raises(ValueError, match="demo_error_rate"):
+        CountdownConfig(demo_error_rate=1.5)
+
+
 def test_default_config_generates_all_splits() -> None:
     """The default config yields non-empty train/val/test with num_eval-sized eval sets available."""
     task = Countdown(CountdownConfig())
