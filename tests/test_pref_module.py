@@ -20,7 +20,7 @@ from bench.pref.pairs import SampleCache, labelled_rows, select_pairs
 from bench.registry import ALGORITHMS, TASKS
 from bench.run.train import train
 from tests.conftest import data_root
-from tests.test_algorithms import CONTRACT, GENERATED, moved_from_warm_start
+from tests.test_algorithms import ALL_RIGHT, CONTRACT, GENERATED, moved_from_warm_start
 
 FAMILY = sorted(n for n in ALGORITHMS.names() if issubclass(ALGORITHMS.get(n).Config, PreferenceConfig))
 TINY = [
@@ -240,7 +240,7 @@ def test_member_trains_two_steps_and_logs_its_choices(name, store):
     """From the SFT warm start on Countdown: 2 steps with pairs, finite loss, parameters changed, every choice a
     param and a choice.* tag, the preference diagnostics and the generation cost logged. TGDPO's default
     tgdpo_model=dpo trains its DPO token-reward model once (cached under cache_dir/dpo/, its path in the params)."""
-    result = train(compose([f"algorithm={name}", "task=countdown", *CONTRACT, *store["args"]]))
+    result = train(compose([f"algorithm={name}", "task=countdown", *CONTRACT, *ALL_RIGHT, *store["args"]]))
     client = MlflowClient(tracking_uri=store["uri"])
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED", run.info.status
