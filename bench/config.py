@@ -92,9 +92,10 @@ class RolloutConfig:
     """float32 | bfloat16: sample from a copy of the policy's weights in this precision, refreshed every step (the
     learner's log π_old stays float32; the gap to the sampler's log μ is the training-inference mismatch)."""
     sampler_attention: str = "model"
-    """model | eager | sdpa: the attention kernel of the sampler's copy (model: the policy's own). On CPU, eager
-    samples 1.47x faster than SDPA from bfloat16 weights (SDPA's bfloat16 decode kernel is slow there); any value but
-    model gives the sampler its own copy, so its log μ may differ from log π_old by kernel rounding."""
+    """model | eager | sdpa: the attention kernel of the sampler's copy (model: the policy's own). Any value but model
+    gives the sampler its own copy, so its log μ may differ from log π_old by kernel rounding. On this CPU, eager
+    sampled SmolLM2 1.47x faster than SDPA from bfloat16 weights on unpadded prompts (SDPA's bfloat16 flash kernel
+    is slow there), but not on padded GSM8K prompts (results/perf/NOTES.md): measure before relying on it."""
     staleness: int = 0
     """k: step s samples with the policy's weights of step max(0, s − k), as a k-step asynchronous pipeline does
     (0: on-policy). The learner recomputes log π_old with its current weights."""

@@ -4,10 +4,10 @@
 as inference engines sample from their own low-precision weights; ``rollout.staleness = k`` samples step s from the
 policy's weights of step max(0, s − k), as a k-step asynchronous pipeline does. With staleness 0 and float32 there is
 no copy at all: the policy samples itself, the path every run took before these switches existed.
-``rollout.sampler_attention`` picks the copy's attention kernel (an inference engine picks its own): on this CPU,
-PyTorch's SDPA kernel is slow in bfloat16 at decode (1.8 ms against 0.4 ms in float32 per SmolLM2 layer call), and
-the plain matmul attention ("eager") samples 1.47x faster than SDPA from the same bfloat16 weights
-(results/perf/NOTES.md).
+``rollout.sampler_attention`` picks the copy's attention kernel, as an inference engine picks its own: on this CPU
+PyTorch's SDPA flash kernel is slow in bfloat16 at decode (1.8 ms against 0.4 ms in float32 per SmolLM2 layer
+call), and the plain matmul attention ("eager") sampled 1.47x faster from the same bfloat16 weights on unpadded
+prompts; on padded prompts SDPA takes another kernel and the gain was not there (results/perf/NOTES.md).
 
 The learner always recomputes log π_old with its current weights; the sampler's own log-probs are log μ, so
 π_old/μ measures both mismatches (``rollout/mismatch_kl``) and the corrections of bench/rl/objective.py use it.
