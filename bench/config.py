@@ -94,8 +94,8 @@ class RolloutConfig:
     sampler_attention: str = "model"
     """model | eager | sdpa: the attention kernel of the sampler's copy (model: the policy's own). Any value but model
     gives the sampler its own copy, so its log μ may differ from log π_old by kernel rounding. On this CPU, eager
-    sampled SmolLM2 1.47x faster than SDPA from bfloat16 weights on unpadded prompts (SDPA's bfloat16 flash kernel
-    is slow there), but not on padded GSM8K prompts (results/perf/NOTES.md): measure before relying on it."""
+    sampled SmolLM2 1.29-1.47x faster than SDPA from bfloat16 weights on unpadded prompts (SDPA's unmasked bfloat16
+    kernel is slow there), and not faster on padded prompts (results/perf/sampler_attention.md): measure first."""
     staleness: int = 0
     """k: step s samples with the policy's weights of step max(0, s − k), as a k-step asynchronous pipeline does
     (0: on-policy). The learner recomputes log π_old with its current weights."""

@@ -58,8 +58,8 @@ SWITCHES = {**LEVERS, **OPT_IN}
 # training-inference mismatch it brings (the learner stays float32 and recomputes log pi_old).
 SETTINGS = {"sampler_dtype": "rollout.sampler_dtype", "sampler_attention": "rollout.sampler_attention",
             "is_correction": "algorithm.is_correction"}  # fmt: skip
-# rollout.sampler_attention=eager is not in these rows: it sampled 1.47x faster than SDPA from bfloat16 weights on
-# unpadded prompts, but its first calls on smollm2-128's padded GSM8K prompts showed no gain (results/perf/NOTES.md)
+# rollout.sampler_attention=eager is not in these rows: it samples 1.29-1.47x faster than SDPA from bfloat16 weights
+# on unpadded prompts, not on padded ones such as smollm2-128's GSM8K prompts (results/perf/sampler_attention.md)
 BF16_TIS = {"sampler_dtype": "bfloat16", "is_correction": "tis"}
 SYSTEMS = {
     "creditbench": {},  # every speed switch at its default (on)

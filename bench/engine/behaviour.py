@@ -6,8 +6,8 @@ policy's weights of step max(0, s − k), as a k-step asynchronous pipeline does
 no copy at all: the policy samples itself, the path every run took before these switches existed.
 ``rollout.sampler_attention`` picks the copy's attention kernel, as an inference engine picks its own: on this CPU
 PyTorch's SDPA flash kernel is slow in bfloat16 at decode (1.8 ms against 0.4 ms in float32 per SmolLM2 layer
-call), and the plain matmul attention ("eager") sampled 1.47x faster from the same bfloat16 weights on unpadded
-prompts; on padded prompts SDPA takes another kernel and the gain was not there (results/perf/NOTES.md).
+call), and the plain matmul attention ("eager") sampled 1.29-1.47x faster from the same bfloat16 weights on unpadded
+prompts; on padded prompts SDPA takes another kernel and the gain is not there (results/perf/sampler_attention.md).
 
 The learner always recomputes log π_old with its current weights; the sampler's own log-probs are log μ, so
 π_old/μ measures both mismatches (``rollout/mismatch_kl``) and the corrections of bench/rl/objective.py use it.
