@@ -21,7 +21,7 @@ Writes results/perf/compile-<config>.md.
     python scripts/bench_compile.py smollm2-128 --no-compile --out results/perf/smollm2-128   # eager rows only
 
 The bfloat16 rows also try the sampler copy with the plain matmul attention (``rollout.sampler_attention=eager``):
-PyTorch's SDPA kernel is much slower in bfloat16 than in float32 on CPU at decode.
+PyTorch's unmasked SDPA kernel is slow in bfloat16 on CPU at decode (results/perf/sampler_attention.md).
 """
 
 from __future__ import annotations

@@ -175,10 +175,15 @@ def problem_key(nums: Sequence[int], target: int) -> str:
     return ",".join(map(str, sorted(nums))) + "=" + str(target)
 
 
+def hash_unit(text: str) -> float:
+    """A stable number in [0, 1) from ``text`` (hashlib, not hash(), which is salted per process)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
 def split_of(nums: Sequence[int], target: int, test_share: float = 0.15, val_share: float = 0.05) -> Split:
     """Stable split by hash of the canonical key (hashlib, not hash(), which is salted per process): a share
     ``test_share`` of problems to test, ``val_share`` to val, the rest to train."""
-    u = int.from_bytes(hashlib.sha256(problem_key(nums, target).encode()).digest()[:8], "big") / 2**64  # [0, 1)
+    u = hash_unit(problem_key(nums, target))
     return "test" if u < test_share else "val" if u < test_share + val_share else "train"
 
 
@@ -267,8 +272,8 @@ def generate(cfg: CountdownConfig) -> dict[str, list[Example]]:
 
 def demo_is_wrong(example: Example, cfg: CountdownConfig) -> bool:
     """Whether ``task.demo_error_rate`` picks this problem for a wrong demonstration (a stable hash share)."""
-    key = f"wrong-demo|{cfg.gen_seed}|{problem_key(example.answer['nums'], example.answer['target'])}"
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64 < cfg.demo_error_rate
+    key = problem_key(example.answer["nums"], example.answer["target"])
+    return hash_unit(f"wrong-demo|{cfg.gen_seed}|{key}") < cfg.demo_error_rate
 
 
 def wrong_demonstration(example: Example, cfg: CountdownConfig) -> Example | None:
@@ -441,7 +446,8 @@ class Countdown(Task):
         demos = super().demonstrations()
         if self.cfg.demo_error_rate == 0:
             return demos
-        return [wrong_demonstration(e, self.cfg) or e if demo_is_wrong(e, self.cfg) else e for e in demos]
+        wrong = (wrong_demonstration(e, self.cfg) if demo_is_wrong(e, self.cfg) else None for e in demos)
+        return [w or e for w, e in zip(wrong, demos, strict=True)]
 
     def instruction(self, example: Example) -> str:
         return (

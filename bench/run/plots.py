@@ -188,9 +188,8 @@ def plot_settings(points: list[dict], knob: str, metric: str, path: Path) -> Non
     plt = _plt()
     from matplotlib.transforms import ScaledTranslation
 
-    tasks = sorted(
-        {p["panel"] for p in points}, key=natural_key
-    )  # a task, with the other setting axes' values when there are several
+    # a panel is a task, with the other setting axes' values when there are several
+    tasks = sorted({p["panel"] for p in points}, key=natural_key)
     fig, axes = _panels(2 * len(tasks), width=6.5, height=4.5, per_row=2)  # one row per panel
     for j, task in enumerate(tasks):
         ax_f, ax_s = axes[2 * j], axes[2 * j + 1]
