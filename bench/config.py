@@ -370,6 +370,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "algorithm.icepop_low": 0.5,
     "algorithm.icepop_high": 5.0,
     "algorithm.m2_threshold": 0.04,
+    "algorithm.critic_warmup": 0,
 }
 _ABSENT = object()
 

@@ -213,6 +213,24 @@ def test_value_model_is_a_separate_trainable_trunk_with_its_own_lr():
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([m.cfg.optim.lr, 0.003])
 
 
+def test_critic_warmup_moves_only_the_critic_for_its_first_steps():
+    """critic_warmup=2: at rollout steps 0 and 1 an optimizer step moves the critic (here a separate value model) and
+    leaves every policy parameter as it was; from step 2 the policy moves too."""
+    m = _module("ppo", "algorithm.critic=model", "algorithm.critic_warmup=2", "optim.warmup_steps=0")
+    opt = m.configure_optimizers()["optimizer"]
+    for step, policy_moves in [(0, False), (1, False), (2, True)]:
+        m.step_count = step
+        before = [p.detach().clone() for p in m.policy.parameters()]
+        head = m.critic.head.weight.detach().clone()
+        for p in [*m.policy.parameters(), *m.critic.parameters()]:
+            p.grad = torch.ones_like(p)
+        m.on_before_optimizer_step(opt)
+        opt.step()
+        moved = any(not torch.equal(a, p) for a, p in zip(before, m.policy.parameters(), strict=True))
+        assert moved == policy_moves, (step, moved)
+        assert not torch.equal(head, m.critic.head.weight), step
+
+
 # ---- segmentation -------------------------------------------------------------------------------------------------
 LENGTHS, T = [7, 4, 1, 0], 8
 
@@ -455,6 +473,12 @@ def test_config_errors_name_the_problem():
     fail at start-up."""
     with pytest.raises(ValueError, match="no segmenter"):
         _module("ma_ppo", "algorithm.termination=task")
-    for bad in ("algorithm.gamma=1.5", "algorithm.lam=-0.1", "algorithm.value_clip=0", "algorithm.ngram=0"):
+    for bad in (
+        "algorithm.gamma=1.5",
+        "algorithm.lam=-0.1",
+        "algorithm.value_clip=0",
+        "algorithm.ngram=0",
+        "algorithm.critic_warmup=-1",
+    ):
         with pytest.raises(ConfigError, match="invalid config"):
             compose(["algorithm=ma_ppo", "task=countdown", bad])

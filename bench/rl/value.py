@@ -196,6 +196,9 @@ class ActorCriticConfig(PolicyGradientConfig):
     """A scalar head on the policy trunk, or a separate value model (a copy of the initial trunk)."""
     critic_lr: float | None = None
     """Learning rate of the critic's parameter group (head, or the whole value model); None: optim.lr."""
+    critic_warmup: int = 0
+    """The first N rollout steps train only the critic: the policy's parameters do not move (verl's
+    ``trainer.critic_warmup``). The steps count against trainer.max_steps and their samples against the budget."""
     value_clip: float | None = 0.2
     """ε_V: V is clipped to V_old ± ε_V in the value loss; None: no clipping."""
     vf_coef: float = 1.0
@@ -216,6 +219,8 @@ class ActorCriticConfig(PolicyGradientConfig):
             raise ValueError(f"gamma and lam must be in [0, 1], got gamma={self.gamma}, lam={self.lam}")
         if self.value_clip is not None and self.value_clip <= 0:
             raise ValueError(f"value_clip must be > 0 or null, got {self.value_clip}")
+        if self.critic_warmup < 0:
+            raise ValueError(f"critic_warmup must be >= 0 rollout steps, got {self.critic_warmup}")
 
     def choices(self) -> dict[str, str]:
         extra = {f.name: str(getattr(self, f.name)) for f in fields(self) if f.name in ACTOR_CRITIC_CHOICES}
@@ -255,7 +260,12 @@ class ActorCritic(PolicyGradient):
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """The update clips the policy's gradient; the critic's own parameters are clipped here, separately (as with
-        separate actor and critic optimizers), and a non-finite critic gradient skips the critic's step."""
+        separate actor and critic optimizers), and a non-finite critic gradient skips the critic's step. During
+        critic_warmup the policy's gradients are dropped, so only the critic steps (AdamW skips a parameter without a
+        gradient)."""
+        if self.step_count < self.acfg.critic_warmup:
+            for p in self.policy.parameters():
+                p.grad = None
         params = [p for p in self.critic.parameters() if p.grad is not None]
         if not params:
             return
