@@ -371,6 +371,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "algorithm.icepop_high": 5.0,
     "algorithm.m2_threshold": 0.04,
     "algorithm.critic_warmup": 0,
+    "task.filler": "fixed",
 }
 _ABSENT = object()
 

@@ -21,8 +21,9 @@ makes the demonstrator unreliable on a hash-chosen share of the 26 letters, so t
 wrong there). The optimal policy (any L capital letters and the right digit, in the order ``position`` says) scores 1 at
 every L.
 
-Reward in one sentence: 1 iff the completion is exactly L ASCII capital letters and the right digit in the order
-``position`` says; components ``correct`` (= score), ``decision`` (the digit is right, wherever it is), ``format``.
+Reward in one sentence: 1 iff the completion is exactly L (``filler=varied``: at most L) ASCII capital letters and
+the right digit in the order ``position`` says; components ``correct`` (= score), ``decision`` (the digit is right,
+wherever it is), ``format``.
 
 version = "1"
     1: initial version.
@@ -52,6 +53,10 @@ class DelayConfig(ProbeConfig):
     """L: filler letters beside the decision (the knob every probe names ``horizon``)."""
     position: Literal["end", "start"] = "end"
     """end: the digit follows the filler; start: the digit comes first, the filler after it."""
+    filler: Literal["fixed", "varied"] = "fixed"
+    """fixed: exactly L filler letters, so every well-formed completion has the same length, and token-mean,
+    seq-mean-token-mean and constant-normalised aggregation are the same loss up to a constant factor; varied: 0 to L
+    letters (each demonstration's count uniform), so lengths differ and the aggregations weight tokens differently."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -59,6 +64,8 @@ class DelayConfig(ProbeConfig):
             raise ValueError(f"task.horizon (L, the filler length) must be in 0..256, got {self.horizon}")
         if self.position not in ("end", "start"):
             raise ValueError(f"task.position must be end or start, got {self.position!r}")
+        if self.filler not in ("fixed", "varied"):
+            raise ValueError(f"task.filler must be fixed or varied, got {self.filler!r}")
 
 
 class Delay(Task):
@@ -76,7 +83,8 @@ class Delay(Task):
         for i in range(n):
             x = rng.choice(LETTERS)
             digit = demonstrated(x, c, rng)
-            letters = "".join(rng.choice(string.ascii_uppercase) for _ in range(c.horizon))
+            n_letters = c.horizon if c.filler == "fixed" else rng.randint(0, c.horizon)
+            letters = "".join(rng.choice(string.ascii_uppercase) for _ in range(n_letters))
             out.append(
                 Example(
                     uid=f"delay-{split}-{i}",
@@ -97,8 +105,9 @@ class Delay(Task):
     def instruction(self, example: Example) -> str:
         where = "after" if self.cfg.position == "end" else "before"
         code = " ".join(f"{x}={answer(x, self.cfg.gen_seed)}" for x in LETTERS)
+        count = "exactly" if self.cfg.filler == "fixed" else "at most"
         return (
-            f"Each letter stands for a digit ({code}). Write exactly {self.cfg.horizon} capital letters, and "
+            f"Each letter stands for a digit ({code}). Write {count} {self.cfg.horizon} capital letters, and "
             f"{where} them the digit of {example.question}."
         )
 
@@ -115,11 +124,12 @@ class Delay(Task):
         i = self._decision_index(text)
         decision = float(i is not None and text[i] == str(example.answer))
         if self.cfg.position == "end":
-            letters, digit = text[:L], text[L:]
+            letters, digit = text[:-1], text[-1:]
         else:
             digit, letters = text[:1], text[1:]
-        fmt = float(len(letters) == L and all(ch in string.ascii_uppercase for ch in letters)
-                    and len(digit) == 1 and digit.isdigit() and len(text) == L + 1)  # fmt: skip
+        n_ok = len(letters) == L if self.cfg.filler == "fixed" else len(letters) <= L
+        fmt = float(n_ok and all(ch in string.ascii_uppercase for ch in letters) and len(digit) == 1
+                    and digit in string.digits)  # fmt: skip
         correct = float(fmt == 1.0 and digit == str(example.answer))
         return RewardResult(score=correct, components={"correct": correct, "decision": decision, "format": fmt})
 

@@ -177,6 +177,61 @@ def test_delay_segments_and_start_position():
     assert DELAY.process_rewards(EXD, "ABCDEF" + B) == [(6, 0.0)] and DELAY.process_rewards(EXD, "ABC") == []
 
 
+DELAY_VARIED = make("delay", "task.horizon=6", "task.filler=varied")
+DELAY_VARIED_TABLE = [  # completion, score, format: 0 to L letters, then the digit
+    ("ABCDEF" + A, 1.0, 1.0),
+    ("ABC" + A, 1.0, 1.0),
+    (A, 1.0, 1.0),  # no filler at all
+    ("ABCDEFG" + A, 0.0, 0.0),  # L + 1 letters
+    ("ABC" + B, 0.0, 1.0),
+    ("ABC" + A + "D", 0.0, 0.0),
+    ("ABC\u0663", 0.0, 0.0),  # an Arabic-Indic digit is not a digit here
+    ("A" * 10_000 + A, 0.0, 0.0),
+    ("", 0.0, 0.0),
+]
+
+
+@pytest.mark.parametrize("completion,score,fmt", DELAY_VARIED_TABLE)
+def test_delay_varied_filler_reward_table(completion, score, fmt):
+    res = DELAY_VARIED.reward(EXD, completion)
+    assert (res.score, res.components["format"]) == (score, fmt), res
+
+
+def test_delay_varied_filler_demonstrations_vary_in_length_and_fixed_ones_are_unchanged():
+    """filler=varied: perfect demonstrations score 1 and their filler counts cover 0..L; filler=fixed draws the same
+    problems and demonstrations as before the option existed (the same random stream)."""
+    task = make("delay", "task.horizon=6", "task.filler=varied", "task.error_rate=0")
+    demos = [e.demonstration for e in task.examples("train")]
+    assert all(task.reward(e, e.demonstration).score == 1.0 for e in task.examples("train"))
+    assert {len(d) - 1 for d in demos} == set(range(7))
+    fixed = make("delay", "task.horizon=6", "task.error_rate=0").examples("train")
+    assert {len(e.demonstration) for e in fixed} == {7}
+    # the default (fixed) stream, pinned from before the option existed (the same three demonstrations)
+    assert [(e.question, e.demonstration) for e in DELAY.examples("train")[:3]] == [
+        ("w", "FGMLRC6"), ("s", "SMQTGI7"), ("n", "YNWDHP9")]  # fmt: skip
+    with pytest.raises(ConfigError, match="task.filler"):
+        compose(["task=delay", "task.filler=sometimes"])
+
+
+def test_aggregations_coincide_up_to_a_constant_when_every_completion_has_the_same_length():
+    """Why delay's fixed filler cannot separate the loss aggregations: with every row of length n, token-mean and
+    seq-mean-token-mean are the same number and constant-normalised is token-mean x n / budget; with ragged rows
+    (filler=varied) they differ."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 10, generator=g)
+    same = torch.zeros(8, 10)
+    same[:, :7] = 1
+    norm = L.Norm.of(same, budget=10)
+    tm, sm = (L.agg_loss(x, same, m, norm) for m in ("token-mean", "seq-mean-token-mean"))
+    assert torch.allclose(tm, sm, atol=1e-6) and torch.allclose(L.agg_loss(x, same, "constant-normalised", norm),
+                                                                tm * 7 / 10, atol=1e-6)  # fmt: skip
+    ragged = (torch.arange(10) < torch.tensor([1, 3, 5, 7, 9, 10, 2, 4])[:, None]).float()
+    norm = L.Norm.of(ragged, budget=10)
+    assert not torch.allclose(
+        L.agg_loss(x, ragged, "token-mean", norm), L.agg_loss(x, ragged, "seq-mean-token-mean", norm)
+    )
+
+
 # ---- the harness: step rewards on tokens, the process advantage, reward shaping --------------------------------
 def test_step_rewards_land_on_the_token_that_ends_each_step():
     tok = char_tokenizer()
