@@ -282,3 +282,30 @@ def test_two_setting_axes_get_one_panel_per_value_of_the_second(tmp_path):
         assert f"**{panel}**" in summary
     assert "| variant | rollout.staleness=0 | rollout.staleness=1 |" in summary
     assert (out / "settings_rollout.staleness.png").stat().st_size > 10_000
+
+
+def test_a_long_legend_sits_beside_the_axes_inside_the_saved_figure(tmp_path):
+    """Labels of a sweep with several config axes are long: the legend goes beside the axes (not over the curves),
+    the figure widens for it (the axes keep their width), and the saved PNG holds all of it."""
+    from PIL import Image
+
+    from bench.run import plots
+
+    fig, (ax,) = plots._panels(1)
+    labels = [f"ppo critic=head beta={b} whiten_adv={w} critic_warmup=0 (n=5)" for b in (0.0, 0.05) for w in "TF"]
+    for i, label in enumerate(labels):
+        ax.plot([0, 1], [i, i + 1], label=label)
+    axes_width = ax.get_window_extent().width
+    plots._legend(ax)
+    plots._save(fig, tmp_path / "long.png")
+    legend, frame = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend.x0 > frame.x1, (legend, frame)  # beside, not over the curves
+    assert ax.get_window_extent().width >= 0.8 * axes_width
+    width, _ = Image.open(tmp_path / "long.png").size
+    assert width >= legend.x1 * 110 / fig.dpi - 2, (width, legend)
+
+    fig, (ax,) = plots._panels(1)
+    ax.plot([0, 1], [0, 1], label="grpo (n=5)")
+    plots._legend(ax)
+    plots._save(fig, tmp_path / "short.png")
+    assert not ax.get_legend().beside  # short labels: inside the axes as before

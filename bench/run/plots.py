@@ -47,8 +47,38 @@ def _panels(n: int, width: float = 7, height: float = 5, per_row: int = 4):
     return fig, flat[:n]
 
 
+def _legend(ax, fontsize: int = 7, ncol: int = 2, **kw) -> None:
+    """The panel's legend: inside the axes while its labels are short; to their right, one label per line, when a
+    label is long (a sweep with several config axes), so that it neither covers the curves nor runs off the figure."""
+    handles, labels = kw.pop("handles", None), kw.pop("labels", None)
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    outside = max((len(t) for t in labels), default=0) > 40
+    if outside:
+        kw |= {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "ncol": 1, "borderaxespad": 0.0}
+    else:
+        kw.setdefault("ncol", ncol)
+    ax.legend(handles, labels, fontsize=fontsize, **kw).beside = outside  # _save widens the figure for it
+
+
+def _save(fig, path: Path) -> None:
+    """tight_layout and write; a figure with legends beside its axes first grows by the widest row's legends, so
+    that the axes keep their size."""
+    beside = [ax.get_legend() for ax in fig.axes if getattr(ax.get_legend(), "beside", False)]
+    if beside:
+        fig.canvas.draw()
+        rows: dict[float, float] = {}
+        for lg in beside:
+            row = round(lg.axes.get_position().y0, 3)
+            rows[row] = rows.get(row, 0.0) + lg.get_window_extent().width / fig.dpi + 0.3
+        w, h = fig.get_size_inches()
+        fig.set_size_inches(w + max(rows.values()), h)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # tight: a legend beside the axes is kept, not cropped
+    _plt().close(fig)
+
+
 def plot(groups: list, axis: str, metric: str, path: Path) -> None:
-    plt = _plt()
     tasks = sorted({g.task for g in groups if g.runs}, key=natural_key)
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
@@ -68,16 +98,13 @@ def plot(groups: list, axis: str, metric: str, path: Path) -> None:
         ax.set_xlabel({"step": "rollout step", "samples": "samples generated", "tokens": "tokens generated"}[axis])
         ax.set_ylabel(f"held-out {metric} (mean over seeds; band min..max)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _legend(ax)
+    _save(fig, path)
 
 
 def plot_fits(groups: list, fitted: dict[str, dict], axis: str, metric: str, path: Path) -> None:
     """Each seed's evaluations and the fitted sigmoid per variant, compute on a log axis (as ScaleRL draws them; the
     start at C = 0 is the dashed line R0)."""
-    plt = _plt()
     tasks = sorted({g.task for g in groups if g.runs}, key=natural_key)
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
@@ -104,10 +131,8 @@ def plot_fits(groups: list, fitted: dict[str, dict], axis: str, metric: str, pat
         ax.set_xlabel({"samples": "samples generated", "tokens": "tokens generated"}[axis] + " (log scale)")
         ax.set_ylabel(f"held-out {metric} (each dot one seed's evaluation)")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _legend(ax, ncol=1)
+    _save(fig, path)
 
 
 def plot_rliable(scores: dict[str, dict[str, np.ndarray]], agg: dict, pairs: dict, metric: str, out: Path) -> list[str]:
@@ -142,10 +167,9 @@ def plot_rliable(scores: dict[str, dict[str, np.ndarray]], agg: dict, pairs: dic
     colours = {a: _style(i)[0] for i, a in enumerate(algos)}
     labels = dict(xlabel=f"final {metric} (τ)", ylabel="fraction of runs with score > τ")
     plot_utils.plot_performance_profiles(prof, taus, performance_profile_cis=prof_ci, ax=ax, colors=colours, **labels)
-    ax.legend([plt.Line2D([0], [0], color=_style(i)[0]) for i in range(len(algos))], algos, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "profile.png", dpi=110)
-    plt.close(fig)
+    handles = [plt.Line2D([0], [0], color=_style(i)[0]) for i in range(len(algos))]
+    _legend(ax, fontsize=8, ncol=1, handles=handles, labels=list(algos))
+    _save(fig, out / "profile.png")
     written.append("profile.png")
     if pairs:
         est = {k: v[0] for k, v in pairs.items()}
@@ -160,7 +184,6 @@ def plot_rliable(scores: dict[str, dict[str, np.ndarray]], agg: dict, pairs: dic
 def plot_differences(curves: dict[str, tuple[str, dict]], metric: str, path: Path) -> None:
     """Per task, each variant minus the baseline at every evaluation, paired by seed and problem, with its 95%
     interval: where the curves of `curves_step.png` overlap, this shows whether the gap is real."""
-    plt = _plt()
     tasks = sorted((t for t, (_, c) in curves.items() if c), key=natural_key)
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
@@ -175,17 +198,14 @@ def plot_differences(curves: dict[str, tuple[str, dict]], metric: str, path: Pat
         ax.set_xlabel("rollout step")
         ax.set_ylabel(f"Δ held-out {metric}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _legend(ax, ncol=1)
+    _save(fig, path)
 
 
 def plot_settings(points: list[dict], knob: str, metric: str, path: Path) -> None:
     """Credit-horizon curves: per task, the final held-out value (mean over seeds, 95% t interval) and the samples
     to the threshold (mean over the seeds that reached it; the share that did beside each point) against the
     setting ``knob`` (e.g. horizon), one line per variant."""
-    plt = _plt()
     from matplotlib.transforms import ScaledTranslation
 
     # a panel is a task, with the other setting axes' values when there are several
@@ -219,13 +239,11 @@ def plot_settings(points: list[dict], knob: str, metric: str, path: Path) -> Non
             ax.set_xticks(xs, [f"{x:g}" for x in xs])
             ax.set_xlabel(f"{knob} (log scale{'' if xs[0] > 0 else ', linear below 1'})")
             ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=7)
+            _legend(ax, ncol=1)
         thr = mine[0]["threshold"]
         ax_f.set_title(f"{task}\nfinal held-out {metric} (95% CI over seeds)", fontsize=10)
         ax_f.set_ylabel(f"final {metric}")
         ax_s.set_title(f"{task}\nsamples until {metric} >= {thr:g} (n/N: seeds that got there)", fontsize=10)
         ax_s.set_ylabel("samples generated")
         ax_s.set_yscale("log")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
