@@ -127,7 +127,7 @@ def test_chain_config_errors_name_the_key():
 
 
 # ---- delay ------------------------------------------------------------------------------------------------------
-DELAY = make("delay", "task.horizon=6")
+DELAY = make("delay", "task.horizon=6", "task.filler=fixed", "task.error_rate=0.3")  # the task's own defaults
 EXD = DELAY.eval_examples()[0]
 A = str(EXD.answer)
 B = str((EXD.answer + 1) % 10)
@@ -155,10 +155,13 @@ def test_delay_reward_table(completion, score, decision, fmt):
     assert (res.score, res.components["decision"], res.components["format"]) == (score, decision, fmt)
 
 
+@pytest.mark.parametrize("mode", ["fixed", "varied"])
 @pytest.mark.parametrize("position", ["end", "start"])
 @pytest.mark.parametrize("filler", [0, 1, 16, 64, 256])
-def test_delay_optimal_policy_and_perfect_demonstrations_score_one(filler, position):
-    task = make("delay", f"task.horizon={filler}", f"task.position={position}", "task.error_rate=0")
+def test_delay_optimal_policy_and_perfect_demonstrations_score_one(filler, position, mode):
+    task = make(
+        "delay", f"task.horizon={filler}", f"task.position={position}", "task.error_rate=0", f"task.filler={mode}"
+    )
     for ex in task.eval_examples():
         gold = task.gold_completion(ex)
         assert len(gold) == filler + 1 and task.reward(ex, gold).score == 1.0
@@ -168,7 +171,7 @@ def test_delay_optimal_policy_and_perfect_demonstrations_score_one(filler, posit
 
 
 def test_delay_segments_and_start_position():
-    task = make("delay", "task.horizon=6", "task.position=start")
+    task = make("delay", "task.horizon=6", "task.position=start", "task.filler=fixed")
     ex = task.eval_examples()[0]
     a = str(ex.answer)
     assert task.reward(ex, a + "ABCDEF").score == 1.0 and task.reward(ex, "ABCDEF" + a).score == 0.0
@@ -204,7 +207,7 @@ def test_delay_varied_filler_demonstrations_vary_in_length_and_fixed_ones_are_un
     demos = [e.demonstration for e in task.examples("train")]
     assert all(task.reward(e, e.demonstration).score == 1.0 for e in task.examples("train"))
     assert {len(d) - 1 for d in demos} == set(range(7))
-    fixed = make("delay", "task.horizon=6", "task.error_rate=0").examples("train")
+    fixed = make("delay", "task.horizon=6", "task.filler=fixed", "task.error_rate=0").examples("train")
     assert {len(e.demonstration) for e in fixed} == {7}
     # the default (fixed) stream, pinned from before the option existed (the same three demonstrations)
     assert [(e.question, e.demonstration) for e in DELAY.examples("train")[:3]] == [
