@@ -1,15 +1,16 @@
 """Delay: one rewarded decision inside L tokens of irrelevant filler (a credit-assignment probe).
 
-In the spirit of bsuite (Osband et al. 2019): one difficulty behind one knob. A completion is L filler letters and
-one digit, the answer to a sub-problem of the prompt; ``position`` says whether the digit comes after the filler
-(``end``: the decision is made late) or before it (``start``: the reward arrives L tokens after the decision). The
-filler is random capital letters in every demonstration (capitals, so that it cannot be mistaken for the prompt's
-lower-case letter: with lower-case filler 200 SFT steps left the decision at chance), so the warm start writes
-high-entropy, irrelevant tokens: every sequence-level method multiplies their log-probabilities by the decision's
-advantage, so L tokens of pure noise join the gradient, and the loss aggregation decides their weight against the
-decision's (token-mean: 1/(L+1) of a sequence's loss is the decision; seq-mean-token-sum: all of it; constant: a
-fixed share). A critic or the process-reward oracle (the reward on the decision token itself) can give the filler
-zero credit.
+In the spirit of bsuite (Osband et al. 2019): one difficulty behind one knob. A completion is L filler letters
+(``filler=varied``: 0 to L) and one digit, the answer to a sub-problem of the prompt; ``position`` says whether the
+digit comes after the filler (``end``: the decision is made late) or before it (``start``: the reward arrives L tokens
+after the decision). The filler is random capital letters in every demonstration (capitals, so that it cannot be
+mistaken for the prompt's lower-case letter: with lower-case filler 200 SFT steps left the decision at chance), so the
+warm start writes high-entropy, irrelevant tokens: every sequence-level method multiplies their log-probabilities by the
+decision's advantage, so L tokens of pure noise join the gradient. When the completions' lengths differ (varied filler),
+the loss aggregation decides how a completion's tokens weigh against another's (token-mean: each token alike;
+seq-mean-token-mean: 1/length of its completion's share; constant: 1/budget); with fixed filler every well-formed
+completion has L + 1 tokens and the three are one loss up to a constant factor. A critic or the process-reward oracle
+(the reward on the decision token itself) can give the filler zero credit.
 
 One literal record (L = 6, position = end), prompt and gold completion for the character-level tiny model::
 
