@@ -10,6 +10,12 @@ from hypothesis import settings
 
 from bench import ROOT
 
+# make test runs the suite in several processes (pytest-xdist): each gets its share of the cores, so that their torch
+# thread pools do not oversubscribe them (subprocesses inherit it). An explicit OMP_NUM_THREADS wins.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+
 # CI draws the same examples on every run (a red CI is then reproducible, never a lucky draw); locally each run
 # explores new examples. Select with HYPOTHESIS_PROFILE=ci (set by .ci/run).
 settings.register_profile("ci", derandomize=True, print_blob=True)
