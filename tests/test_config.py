@@ -88,11 +88,20 @@ def test_added_defaults_are_the_defaults_and_leave_identities_unchanged():
     before the key existed), and setting one to anything else changes the hash."""
     from bench.config import ADDED_DEFAULTS, config_hash, flatten
 
-    # conf/task/countdown.yaml sets demo_error_rate 0.5: a new default on purpose (new warm starts), so set it back
-    cfg = compose(["algorithm=grpo", "task=countdown", "task.demo_error_rate=0.0"])
-    flat = flatten(cfg)
+    # conf/task/countdown.yaml sets demo_error_rate 0.5 and conf/task/delay.yaml filler varied: new defaults on purpose
+    # (new warm starts and cells), so set them back. A key exists only where it applies (critic_warmup: actor-critic).
+    cfgs = [
+        compose(["algorithm=grpo", "task=countdown", "task.demo_error_rate=0.0"]),
+        compose(["algorithm=ppo", "task=countdown", "task.demo_error_rate=0.0"]),
+        compose(["algorithm=grpo", "task=delay", "task.filler=fixed"]),
+    ]
+    flats = [flatten(c) for c in cfgs]
     for key, value in ADDED_DEFAULTS.items():
-        assert flat[key] == value, (key, flat[key], value)
-    before = {k: v for k, v in flat.items() if k not in ADDED_DEFAULTS}  # the config as it was before these keys
-    assert config_hash(cfg) == config_hash(before)
-    assert config_hash(compose(["algorithm=grpo", "task=countdown", "rollout.staleness=1"])) != config_hash(cfg)
+        where = [f for f in flats if key in f]
+        assert where, f"{key} is in none of the configs checked"
+        assert all(f[key] == value for f in where), (key, [f[key] for f in where], value)
+    for cfg, flat in zip(cfgs, flats, strict=True):
+        before = {k: v for k, v in flat.items() if k not in ADDED_DEFAULTS}  # the config as it was before these keys
+        assert config_hash(cfg) == config_hash(before)
+    stale = compose(["algorithm=grpo", "task=countdown", "task.demo_error_rate=0.0", "rollout.staleness=1"])
+    assert config_hash(stale) != config_hash(cfgs[0])
