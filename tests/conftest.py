@@ -45,13 +45,19 @@ SMALL = [
 def store(tmp_path_factory) -> dict:
     """A real MLflow tracking store (SQLite) and output/cache directories shared by the session's runs."""
     d = tmp_path_factory.mktemp("bench")
+    cache = d / "cache"
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The test processes share one warm-start cache, as one process would: the cache's lock lets one train a warm
+        # start while the others wait for it and reuse it (the contract tests of two files share one).
+        cache = tmp_path_factory.getbasetemp().parent / "shared-cache"
     return {
         "dir": d,
+        "cache": cache,
         "uri": f"sqlite:///{d / 'mlflow.db'}",
         "args": [
             f"tracking.tracking_uri=sqlite:///{d / 'mlflow.db'}",
             f"output_dir={d / 'runs'}",
-            f"cache_dir={d / 'cache'}",
+            f"cache_dir={cache}",
         ],
     }
 

@@ -259,7 +259,7 @@ def test_member_trains_two_steps_and_logs_its_choices(name, store):
     assert 0 < tokens[0] < tokens[1], tokens
     assert moved_from_warm_start(store, "countdown", result) > 0, f"{name}: no parameter changed after 2 steps"
     if name == "tgdpo":
-        (dpo_dir,) = [p for p in (store["dir"] / "cache" / "dpo").glob("countdown-tiny-s0-*") if p.is_dir()]
+        (dpo_dir,) = [p for p in (store["cache"] / "dpo").glob("countdown-tiny-s0-*") if p.is_dir()]
         assert (dpo_dir / "DONE").exists() and run.data.params["algorithm.tgdpo_model"] == str(dpo_dir)
 
 

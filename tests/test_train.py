@@ -108,7 +108,7 @@ def test_sft_warm_start_is_trained_once_and_reused(small, store, capsys):
     train(compose([*args, "task.data_root=/another/machine/data"]))  # where the data lies is not part of the key
     second = capsys.readouterr().out
     assert "training SFT warm start" in first and "reusing SFT warm start" in second, (first[-300:], second[-300:])
-    cached = [p for p in (store["dir"] / "cache" / "sft").glob("countdown-tiny-s11-*") if p.is_dir()]
+    cached = [p for p in (store["cache"] / "sft").glob("countdown-tiny-s11-*") if p.is_dir()]
     assert len(cached) == 1 and (cached[0] / "DONE").exists(), cached
     client = MlflowClient(tracking_uri=store["uri"])
     sft_runs = client.search_runs(
