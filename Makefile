@@ -10,9 +10,9 @@ ifneq ($(strip $(BENCH_DATA)),)
 export BENCH_DATA
 endif
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist; 1: none). A file's tests share one process, so its module fixtures and warm starts are
-# built once. One process leaves the CPUs idle for much of the run: the slow suite took 19.3 min of wall-clock for
-# 10.8 min of CPU, waiting on SQLite commits and subprocesses.
+# Test processes (pytest-xdist; 1: none). A file's tests share one process, so its module fixtures are built once;
+# the processes share one warm-start cache (tests/conftest.py) and split the cores (OMP_NUM_THREADS). The suites wait
+# on subprocesses (sweep drivers, a Ray cluster, `make ui`) and SQLite commits, which a second process overlaps.
 TEST_WORKERS ?= 2
 PYTEST_PAR := $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
