@@ -7,6 +7,7 @@ data has them, demonstrations for SFT. Shared code never asks which task it is; 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import random
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 Split = Literal["train", "val", "test"]
+
+
+def hash_unit(*parts) -> float:
+    """A stable number in [0, 1) from ``parts`` joined by "/" (hashlib, not hash(), which is salted per process): the
+    generated tasks' splits and hash-chosen shares."""
+    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "big") / 2**64
 
 
 @dataclass(frozen=True)

@@ -36,12 +36,11 @@ version = "2"
 
 from __future__ import annotations
 
-import hashlib
 import random
 from dataclasses import dataclass
 from typing import Literal
 
-from bench.task import Example, RewardResult, Split, Task, TaskConfig
+from bench.task import Example, RewardResult, Split, Task, TaskConfig, hash_unit
 
 MAX_SCAN_CHARS = 256
 """Only this prefix of a completion is read: K <= 32 answers of one digit and a space each fit many times over."""
@@ -50,23 +49,19 @@ MAX_SCAN_CHARS = 256
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def _hash_unit(*parts) -> float:
-    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "big") / 2**64
-
-
 def answer(letter: str, seed: int) -> int:
     """The sub-problem's answer: the letter's digit in the code drawn from ``seed``."""
-    return int(_hash_unit("code", seed, letter) * 10)
+    return int(hash_unit("code", seed, letter) * 10)
 
 
 def unreliable(letter: str, error_rate: float, seed: int) -> bool:
     """Whether the demonstrator is unreliable on this letter: a stable hash-chosen share ``error_rate``."""
-    return _hash_unit("unreliable", seed, letter) < error_rate
+    return hash_unit("unreliable", seed, letter) < error_rate
 
 
 def wrong_answer(letter: str, seed: int) -> int:
     """The demonstrator's fixed wrong answer on an unreliable letter (never the right one)."""
-    return (answer(letter, seed) + 1 + int(_hash_unit("wrong", seed, letter) * 9)) % 10
+    return (answer(letter, seed) + 1 + int(hash_unit("wrong", seed, letter) * 9)) % 10
 
 
 def demonstrated(letter: str, cfg, rng: random.Random) -> int:

@@ -37,7 +37,6 @@ compares exactly (``fractions.Fraction``) instead of with a float tolerance of 1
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import random
 import re
@@ -47,7 +46,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
-from bench.task import Example, RewardResult, Split, Task, TaskConfig
+from bench.task import Example, RewardResult, Split, Task, TaskConfig, hash_unit
 
 # ---- answer parsing -----------------------------------------------------------------------------------------------
 
@@ -173,11 +172,6 @@ def to_expr(tree: Tree) -> str:
 def problem_key(nums: Sequence[int], target: int) -> str:
     """Canonical identity of a problem: the number order shown to the model does not make a new problem."""
     return ",".join(map(str, sorted(nums))) + "=" + str(target)
-
-
-def hash_unit(text: str) -> float:
-    """A stable number in [0, 1) from ``text`` (hashlib, not hash(), which is salted per process)."""
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
 
 
 def split_of(nums: Sequence[int], target: int, test_share: float = 0.15, val_share: float = 0.05) -> Split:
