@@ -89,6 +89,20 @@ def test_shipped_sweeps_plan(name):
     assert {c.cfg.eval.temperature for c in cells} == {cells[0].cfg.eval.temperature}
 
 
+def test_an_exclude_value_may_be_a_list_of_axis_values(tmp_path):
+    """{task: chain, seed: [2, 3]} skips chain's seeds 2 and 3 and nothing else (extra seeds for one setting only)."""
+    p = write_sweep(
+        tmp_path,
+        "extra_seeds",
+        {"algorithm": ["grpo", "rloo"], "seed": [0, 1, 2, 3]},
+        exclude=[{"algorithm": "rloo", "seed": [2, 3]}],
+    )
+    _, cells = load_plan(str(p))
+    assert sorted((c.cfg.algorithm.name, c.cfg.seed) for c in cells) == [
+        ("grpo", 0), ("grpo", 1), ("grpo", 2), ("grpo", 3), ("rloo", 0), ("rloo", 1),
+    ]  # fmt: skip
+
+
 def test_report_labels_show_only_the_axes_that_vary_for_an_algorithm(tmp_path):
     from bench.run.report import variants
 

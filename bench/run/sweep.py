@@ -109,7 +109,7 @@ class SweepSpec:
     overrides: list[str] = field(default_factory=list)
     """key=value applied to every cell (after conf/, before the axis values)."""
     exclude: list[Any] = field(default_factory=list)
-    """Cells to skip: each a mapping of axis -> value (all must match)."""
+    """Cells to skip: each a mapping of axis -> value or list of values (every axis must match; a list: any of it)."""
     algorithm_overrides: dict[str, list[str]] = field(default_factory=dict)
     """Algorithm -> key=value applied to its cells only, after the shared overrides (e.g. gtpo: the normalisation
     and dynamic sampling its comparison needs)."""
@@ -193,13 +193,19 @@ class Cell:
         return " ".join(f"{k.split('.')[-1]}={v}" for k, v in self.axes.items())
 
 
+def _matches(value: Any, pattern: Any) -> bool:
+    """An exclude pattern's value: one axis value, or a list of them (any matches)."""
+    options = pattern if isinstance(pattern, list | tuple) else [pattern]
+    return str(value) in {str(o) for o in options}
+
+
 def plan(spec: SweepSpec, extra: list[str] = ()) -> list[Cell]:
     """Every cell of the grid (excludes removed), its config composed and validated now, not mid-sweep."""
     keys = list(spec.axes)
     cells, seen = [], {}
     for values in itertools.product(*(spec.axes[k] for k in keys)):
         axes = dict(zip(keys, values, strict=True))
-        if any(all(str(axes.get(k)) == str(v) for k, v in ex.items()) for ex in spec.exclude):
+        if any(all(_matches(axes.get(k), v) for k, v in ex.items()) for ex in spec.exclude):
             continue
         args = [_arg(k, v) for k, v in axes.items() if k in SELECTOR_AXES]
         args += list(spec.overrides) + list(spec.algorithm_overrides.get(str(axes.get("algorithm")), []))
