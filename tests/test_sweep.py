@@ -90,7 +90,7 @@ def test_shipped_sweeps_plan(name):
 
 
 def test_an_exclude_value_may_be_a_list_of_axis_values(tmp_path):
-    """{task: chain, seed: [2, 3]} skips chain's seeds 2 and 3 and nothing else (extra seeds for one setting only)."""
+    """{algorithm: rloo, seed: [2, 3]} skips rloo's seeds 2 and 3 and nothing else (extra seeds for one setting)."""
     p = write_sweep(
         tmp_path,
         "extra_seeds",
