@@ -52,12 +52,21 @@ the tags ``warm_start.run_id`` and ``warm_start.path``): one cache, shared by ev
 
 def ensure_experiment(client, name: str, uri: str) -> str:
     """The id of experiment ``name`` (created with the store's artifact root if missing), tagged with
-    EXPERIMENT_KIND so the UI opens on its runs."""
+    EXPERIMENT_KIND so the UI opens on its runs. Safe when several processes (a sweep's parallel warm starts on a
+    fresh store) create it at once: the one that loses the race reads back the winner's."""
+    from mlflow.exceptions import MlflowException
+
     exp = client.get_experiment_by_name(name)
-    exp_id = exp.experiment_id if exp else client.create_experiment(name, artifact_location=artifact_root(uri))
-    if exp is None or exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND:
-        client.set_experiment_tag(exp_id, "mlflow.experimentKind", EXPERIMENT_KIND)
-    return exp_id
+    if exp is None:
+        try:
+            client.create_experiment(name, artifact_location=artifact_root(uri))
+        except MlflowException:
+            if client.get_experiment_by_name(name) is None:  # not the race: a real failure
+                raise
+        exp = client.get_experiment_by_name(name)
+    if exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND:
+        client.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND)
+    return exp.experiment_id
 
 
 def git_commit() -> str:

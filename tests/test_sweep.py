@@ -251,6 +251,34 @@ def test_warm_starts_live_in_their_own_experiment_and_cells_link_to_them(warm_sw
         assert Path(r.data.tags["warm_start.path"]).name.endswith(warm.data.tags["warm_start.key"])
 
 
+def test_ensure_experiment_survives_losing_the_creation_race(tmp_path):
+    """A sweep's two parallel warm starts on a fresh store both find no `creditbench-warm-starts` and both create it:
+    the loser got MLflow's UNIQUE-constraint error and its warm start failed. Here another real client creates the
+    experiment between this client's lookup and its create, the loser's window; ensure_experiment returns the
+    winner's id."""
+    from bench.tracking import EXPERIMENT_KIND, ensure_experiment
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    winner = MlflowClient(uri)
+
+    class LosesTheRace(MlflowClient):
+        looked = 0
+
+        def get_experiment_by_name(self, name):
+            self.looked += 1
+            if self.looked == 1:  # it looks, finds nothing; the other process creates it now
+                found = super().get_experiment_by_name(name)
+                winner.create_experiment(name)
+                return found
+            return super().get_experiment_by_name(name)
+
+    loser = LosesTheRace(uri)
+    exp_id = ensure_experiment(loser, "race", uri)
+    assert exp_id == winner.get_experiment_by_name("race").experiment_id
+    assert len([e for e in winner.search_experiments() if e.name == "race"]) == 1
+    assert winner.get_experiment(exp_id).tags["mlflow.experimentKind"] == EXPERIMENT_KIND
+
+
 @pytest.mark.slow
 def test_experiments_open_on_their_runs_table(warm_sweep):
     """MLflow 3 opens an experiment without ``mlflow.experimentKind`` on its GenAI traces overview."""
