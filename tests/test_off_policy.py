@@ -282,13 +282,21 @@ def tiny_module(store):
 
 
 def test_stale_and_low_precision_sampling_through_the_module(tiny_module):
-    """staleness 1 at step 0 samples from an exact float32 copy of θ_0: bit for bit the on-policy samples; bfloat16
-    sampling gives log μ that differ from the learner's float32 log π_old, which the module records."""
+    """staleness 1 at step 0 samples from an exact float32 copy of θ_0: the on-policy samples token for token, and
+    their log μ to float32 rounding; bfloat16 sampling gives log μ that differ from the learner's float32 log π_old,
+    which the module records."""
     make, batch_ = tiny_module
     on = make()
     stale = make(**{"rollout.staleness": 1})
+    assert all(torch.equal(p, q) for p, q in zip(on.policy.parameters(), stale.policy.parameters(), strict=True))
     a, b = on.make_rollout(batch_), stale.make_rollout(batch_)
-    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampler_logp, b.sampler_logp)
+    assert all(
+        torch.equal(p, q) for p, q in zip(on.policy.parameters(), stale.behaviour.copy.parameters(), strict=True)
+    )
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    # Not bit for bit: on some CPUs (this one: 4.8e-7 at most) the matmul kernels round the last bit of the same
+    # weights differently in another allocation, so the copy's log-probs can differ by float32 rounding, no more.
+    torch.testing.assert_close(a.sampler_logp, b.sampler_logp, rtol=0, atol=1e-5)
     fused = make(**{"rollout.sampler_dtype": "bfloat16", "algorithm.is_correction": "tis"})
     ro = fused.make_rollout(batch_)
     fused.behaviour_logprobs(ro)
