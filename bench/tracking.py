@@ -3,6 +3,7 @@ MLFLOW_TRACKING_URI; metric names sanitised; runs interrupted by Ctrl-C or SIGTE
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -50,6 +51,23 @@ WARM_START_EXPERIMENT = "creditbench-warm-starts"
 the tags ``warm_start.run_id`` and ``warm_start.path``): one cache, shared by every experiment and sweep."""
 
 
+def open_client(uri: str):
+    """An MlflowClient on ``uri``; an embedded SQLite store is created (or migrated) under a file lock beside it.
+    MLflow builds a new store's tables with alembic migrations when the client is made, and they are not safe to run
+    twice at once: of two runs started together on a fresh store (two `bench train` in two shells) one failed with
+    alembic's "Online migration expected to match one row". The first process to get the lock builds the tables;
+    the others wait, then find them built."""
+    from mlflow.tracking import MlflowClient
+
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(uri)
+    db = Path(uri[len("sqlite:///") :])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return MlflowClient(uri)
+
+
 def ensure_experiment(client, name: str, uri: str) -> str:
     """The id of experiment ``name`` (created with the store's artifact root if missing), tagged with
     EXPERIMENT_KIND so the UI opens on its runs. Safe when several processes (a sweep's parallel warm starts on a
@@ -88,9 +106,7 @@ class BenchLogger(MLFlowLogger):
     """MLFlowLogger with sanitised metric names, JSON tables, and a terminal status that says what happened."""
 
     def __init__(self, *, experiment_name: str, tracking_uri: str, **kwargs):
-        from mlflow.tracking import MlflowClient
-
-        ensure_experiment(MlflowClient(tracking_uri), experiment_name, tracking_uri)
+        ensure_experiment(open_client(tracking_uri), experiment_name, tracking_uri)
         super().__init__(experiment_name=experiment_name, tracking_uri=tracking_uri, **kwargs)
         self.status_override: str | None = None
 

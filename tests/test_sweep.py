@@ -279,6 +279,48 @@ def test_ensure_experiment_survives_losing_the_creation_race(tmp_path):
     assert winner.get_experiment(exp_id).tags["mlflow.experimentKind"] == EXPERIMENT_KIND
 
 
+_RACER = """
+import sys, time
+from pathlib import Path
+from bench.tracking import ensure_experiment, open_client
+uri, go = sys.argv[1], Path(sys.argv[2])
+import mlflow.tracking  # noqa: F401 (imported before the start, so the processes reach the store together)
+Path(sys.argv[3]).touch()  # ready
+while not go.exists():
+    time.sleep(0.001)
+print(ensure_experiment(open_client(uri), "race", uri))
+"""
+
+
+def test_runs_started_together_on_a_fresh_store_all_open_it(tmp_path):
+    """Two `bench train` started at once on a fresh SQLite store: MLflow builds the store's tables with alembic
+    migrations, and the process that lost that race failed ("Online migration expected to match one row"). Here four
+    real processes are released together onto one fresh store; each must open it and get the same experiment."""
+    import subprocess
+    import sys
+    import time
+
+    uri, go = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, uri, str(go), str(tmp_path / f"ready{i}")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready{i}").exists() for i in range(4)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go.touch()
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    assert len({out.strip() for out, _ in outs}) == 1
+    assert [e.name for e in MlflowClient(uri).search_experiments()].count("race") == 1
+
+
 @pytest.mark.slow
 def test_experiments_open_on_their_runs_table(warm_sweep):
     """MLflow 3 opens an experiment without ``mlflow.experimentKind`` on its GenAI traces overview."""

@@ -41,7 +41,7 @@ from omegaconf.errors import OmegaConfBaseException
 from bench import ROOT
 from bench.config import CONF, ConfigError, compose, config_hash, omegaconf_message, to_yaml
 from bench.registry import RegistryError, did_you_mean
-from bench.tracking import WARM_START_EXPERIMENT, ensure_experiment, tracking_uri
+from bench.tracking import WARM_START_EXPERIMENT, ensure_experiment, open_client, tracking_uri
 
 # Keys that do not change what a cell computes: left out of its identity.
 NOT_IN_IDENTITY = (
@@ -328,11 +328,9 @@ LAUNCHERS: dict[str, Callable[[SweepSpec], Any]] = {"local": LocalLauncher, "ray
 # ---- the driver --------------------------------------------------------------------------------------------------
 class Sweep:
     def __init__(self, spec: SweepSpec, cells: list[Cell], *, uri: str | None = None):
-        from mlflow.tracking import MlflowClient
-
         self.spec, self.cells = spec, cells
         self.uri = tracking_uri(uri or cells[0].cfg.tracking.tracking_uri)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = open_client(self.uri)
         self.experiment = spec.experiment or f"sweep-{spec.name}"
         self.exp_id = ensure_experiment(self.client, self.experiment, self.uri)
         self.dir = Path(cells[0].cfg.output_dir)
