@@ -26,11 +26,15 @@ def tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{ROOT / 'mlflow.db'}"
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of an embedded SQLite store's URI; None for a server or another backend."""
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
 def artifact_root(uri: str) -> str | None:
     """Artifacts of an embedded SQLite store live beside it (mlartifacts/), not in the current directory."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
-    return None
+    db = sqlite_path(uri)
+    return (db.parent / "mlartifacts").resolve().as_uri() if db else None
 
 
 EXPERIMENT_KIND = "custom_model_development"
@@ -59,9 +63,9 @@ def open_client(uri: str):
     the others wait, then find them built."""
     from mlflow.tracking import MlflowClient
 
-    if not uri.startswith("sqlite:///"):
+    db = sqlite_path(uri)
+    if db is None:
         return MlflowClient(uri)
-    db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
