@@ -111,6 +111,9 @@ class RolloutConfig:
             )
 
 
+DECAYS = ("constant", "linear", "cosine")
+
+
 @dataclass
 class OptimConfig:
     lr: float = 1e-5
@@ -118,7 +121,19 @@ class OptimConfig:
     beta1: float = 0.9
     beta2: float = 0.999
     warmup_steps: int = 0
-    """Linear warm-up over this many optimizer steps, then constant."""
+    """Linear warm-up over this many optimizer steps, then ``decay``."""
+    decay: str = "constant"
+    """After the warm-up: "constant", or "linear" / "cosine" from lr down to ``min_lr_ratio`` x lr at
+    ``trainer.max_steps`` (counted in training steps: rollout steps for RL, optimizer steps for SFT)."""
+    min_lr_ratio: float = 0.0
+    """The decay's end point as a share of lr."""
+
+    def __post_init__(self) -> None:
+        if self.decay not in DECAYS:
+            raise ValueError(f"optim.decay={self.decay!r}: choose one of {', '.join(DECAYS)}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
     max_grad_norm: float = 1.0
 
 
@@ -372,6 +387,8 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "algorithm.m2_threshold": 0.04,
     "algorithm.critic_warmup": 0,
     "task.filler": "fixed",
+    "optim.decay": "constant",
+    "optim.min_lr_ratio": 0.0,
 }
 _ABSENT = object()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from bench import ROOT
@@ -42,6 +44,59 @@ STEP_METRICS = [
     "stats/nonfinite_skipped",
 ]
 EVAL_METRICS = ["eval/accuracy", "eval/reward_mean", "eval/completion_len_mean"]
+
+
+COS36 = math.cos(0.2 * math.pi)
+
+
+@pytest.mark.parametrize(
+    ("decay", "warmup", "expected"),
+    [
+        # max_steps 10, lr 1e-3. constant: the warm-up alone (1/2, then 1).
+        ("constant", 2, [0.5, 1.0, 1.0, 1.0, 1.0]),
+        # linear over steps 0..10 down to 0.1 x lr: 0.1 + 0.9 (1 - k/10) at training steps k = 0, 2, 5, 8, 10.
+        ("linear", 0, [1.0, 0.82, 0.55, 0.28, 0.1]),
+        # cosine: 0.1 + 0.9 * (1 + cos(pi k/10)) / 2 at the same k.
+        (
+            "cosine",
+            0,
+            [1.0, 0.1 + 0.45 * (1 + math.cos(0.2 * math.pi)), 0.55, 0.1 + 0.45 * (1 - math.cos(0.2 * math.pi)), 0.1],
+        ),
+        # with a warm-up of 2 the decay starts after it: (k - 2) / 8, the warm-up's own factor 1/2 at optimizer step 0.
+        ("linear", 2, [0.5, 1.0, 0.1 + 0.9 * (1 - 3 / 8), 0.1 + 0.9 * (1 - 6 / 8), 0.1]),
+    ],
+)
+def test_lr_schedule_warm_up_then_decay(decay, warmup, expected):
+    """optim.decay: the learning rate a real module's AdamW holds at training steps 0, 2, 5, 8 and 10 of
+    trainer.max_steps 10 (optimizer step k at training step k), hand-computed; constant is the warm-up alone."""
+    from omegaconf import OmegaConf
+
+    from bench.engine.policy import load_policy
+    from bench.registry import ALGORITHMS, TASKS
+
+    schedule = [f"optim.decay={decay}", "optim.min_lr_ratio=0.1", f"optim.warmup_steps={warmup}"]
+    cfg = OmegaConf.to_object(compose(["trainer.max_steps=10", "optim.lr=1e-3", *schedule]))
+    policy, tok = load_policy(cfg.model, cfg.seed)
+    task = TASKS.get("countdown")(cfg.task, tok, seed=0, prompts_per_step=2)
+    module = ALGORITHMS.get("grpo")(cfg, policy, tok, task)
+    opt = module.configure_optimizers()["optimizer"]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, module.lr_factor)
+    seen = []
+    for k in range(11):
+        module.step_count = k
+        sched.last_epoch = k - 1
+        sched.step()  # the lr for optimizer step k, taken at training step k
+        if k in (0, 2, 5, 8, 10):
+            seen.append(opt.param_groups[0]["lr"] / 1e-3)
+    assert seen == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.parametrize(("key", "value"), [("optim.decay", "exponential"), ("optim.min_lr_ratio", "1.5")])
+def test_lr_schedule_rejects_a_bad_value(key, value):
+    from bench.config import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match=key.replace(".", r"\.")):
+        compose([f"{key}={value}"])
 
 
 def test_grpo_run_is_tracked_in_mlflow(small, store):

@@ -103,9 +103,20 @@ class PolicyModule(L.LightningModule):
         o = self.cfg.optim
         params = [p for p in self.policy.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
-        warm = max(o.warmup_steps, 0)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, self.lr_factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def lr_factor(self, optimizer_steps: int) -> float:
+        """The learning rate's multiplier: a linear warm-up over ``optim.warmup_steps`` optimizer steps, then
+        ``optim.decay`` over the training steps from the warm-up's end to ``trainer.max_steps``."""
+        o = self.cfg.optim
+        warm = max(o.warmup_steps, 0)
+        factor = min(1.0, (optimizer_steps + 1) / warm) if warm else 1.0
+        if o.decay == "constant":
+            return factor
+        done = min(max(self.step_count - warm, 0) / max(self.cfg.trainer.max_steps - warm, 1), 1.0)
+        shape = 1.0 - done if o.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+        return factor * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * shape)
 
     # ---- bookkeeping --------------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
