@@ -99,6 +99,16 @@ class RolloutConfig:
     staleness: int = 0
     """k: step s samples with the policy's weights of step max(0, s − k), as a k-step asynchronous pipeline does
     (0: on-policy). The learner recomputes log π_old with its current weights."""
+    prompt_pool: str = "all"
+    """all | solvable: the train prompts RL draws from. solvable: before the first step the starting policy samples
+    ``pool_samples`` completions (at ``temperature``) for each of ``pool_screened`` train prompts drawn by the run's
+    seed, and RL draws only from those it answered right at least once: an offline pass-rate filter, so that fewer
+    groups come back all wrong (DAPO's dynamic sampling filters online, at a cost every step). The screening's
+    samples and tokens count towards the run's budget (rollout/samples_seen, rollout/tokens_generated)."""
+    pool_samples: int = 4
+    """Completions per screened prompt for ``prompt_pool=solvable``."""
+    pool_screened: int | None = 2048
+    """Train prompts screened for ``prompt_pool=solvable`` (None: all of them)."""
 
     def __post_init__(self) -> None:
         if self.sampler_dtype not in ("float32", "bfloat16", "float16"):
@@ -108,6 +118,13 @@ class RolloutConfig:
         if self.staleness < 0:
             raise ValueError(
                 f"rollout.staleness must be >= 0 (updates between sampling and training), got {self.staleness}"
+            )
+        if self.prompt_pool not in ("all", "solvable"):
+            raise ValueError(f"rollout.prompt_pool={self.prompt_pool!r}: choose all or solvable")
+        if self.pool_samples < 1 or (self.pool_screened is not None and self.pool_screened < self.prompts_per_step):
+            raise ValueError(
+                f"rollout.pool_samples must be >= 1 and rollout.pool_screened >= rollout.prompts_per_step "
+                f"({self.prompts_per_step}) or null, got {self.pool_samples} and {self.pool_screened}"
             )
 
 
@@ -387,6 +404,9 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "algorithm.m2_threshold": 0.04,
     "algorithm.critic_warmup": 0,
     "task.filler": "fixed",
+    "rollout.prompt_pool": "all",
+    "rollout.pool_samples": 4,
+    "rollout.pool_screened": 2048,
     "optim.decay": "constant",
     "optim.min_lr_ratio": 0.0,
 }

@@ -90,6 +90,9 @@ class Task(L.LightningDataModule):
         self.cfg, self.tokenizer, self.seed = cfg, tokenizer, seed
         self.prompts_per_step, self.train_stream, self.batch_size = prompts_per_step, train_stream, batch_size
         self.start_step = 0  # set on resume so the prompt stream continues where it stopped
+        self.prompt_pool: list[Example] | None = (
+            None  # the train prompts RL draws from, when not all (rollout.prompt_pool)
+        )
         self._splits: dict[str, list[Example]] = {}
 
     # ---- data ---------------------------------------------------------------------------------------------------
@@ -250,11 +253,15 @@ class Task(L.LightningDataModule):
             mask[i, :n] = 1
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
+    def rl_prompts(self) -> list[Example]:
+        """The train problems RL draws its prompts from: all of them, or the pool the algorithm chose."""
+        return self.examples("train") if self.prompt_pool is None else self.prompt_pool
+
     def sample_prompts(self, n: int, key: tuple) -> dict:
         """n train prompts drawn by a seeded RNG keyed by ``key`` (e.g. (seed, step, round)): extra prompts for
         resampling (dynamic sampling), reproducible like the main stream."""
         rng = random.Random("/".join(map(str, key)))
-        return self.collate_prompts(rng.sample(self.examples("train"), n))
+        return self.collate_prompts(rng.sample(self.rl_prompts(), n))
 
     def transfer_batch_to_device(self, batch: dict, device, dataloader_idx: int) -> dict:
         # Only tensors move; Example records stay as they are (Lightning refuses to walk frozen dataclasses).
@@ -264,7 +271,7 @@ class Task(L.LightningDataModule):
         if self.train_stream == "demonstrations":
             stream = _Stream(self.demonstrations(), self.batch_size, self.seed, self)
             return DataLoader(stream, batch_size=None, collate_fn=self.collate_demonstrations)
-        stream = _Stream(self.examples("train"), self.prompts_per_step, self.seed, self)
+        stream = _Stream(self.rl_prompts(), self.prompts_per_step, self.seed, self)
         return DataLoader(stream, batch_size=None, collate_fn=self.collate_prompts)
 
 

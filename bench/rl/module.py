@@ -8,6 +8,7 @@ shared code never asks an algorithm its name.
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -298,6 +299,8 @@ class RLModule(PolicyModule):
         )
         if not self.behaviour.is_policy:
             checkpoint["bench"]["behaviour"] = self.behaviour.state_dict()
+        if self.task.prompt_pool is not None:
+            checkpoint["bench"]["prompt_pool"] = [ex.uid for ex in self.task.prompt_pool]
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
@@ -306,6 +309,9 @@ class RLModule(PolicyModule):
         self.nonfinite_skipped = state["nonfinite_skipped"]
         if "behaviour" in state:
             self.behaviour.load_state_dict(state["behaviour"], self.device)
+        if "prompt_pool" in state:
+            by_uid = {ex.uid: ex for ex in self.task.examples("train")}
+            self.task.prompt_pool = [by_uid[uid] for uid in state["prompt_pool"]]
 
     # ---- hooks with defaults (the critic-free family in bench/rl/objective.py overrides them from its choices) -------
     max_sampling_rounds: int = 1
@@ -350,6 +356,50 @@ class RLModule(PolicyModule):
         """Set ``ro.rewards`` [B] and ``ro.token_rewards`` [B, T] from ``ro.scores`` (after log-probs are known)."""
         ro.rewards = ro.scores
         ro.token_rewards = terminal_rewards(ro.scores, ro.mask)
+
+    # ---- the prompts ------------------------------------------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        # After the policy is on its device, before the dataloader is built; a resumed run has its pool back from the
+        # checkpoint (on_load_checkpoint) and is not screened again.
+        if self.cfg.rollout.prompt_pool == "solvable" and self.task.prompt_pool is None:
+            self.task.prompt_pool = self.solvable_prompts()
+            for logger in self.loggers:
+                logger.log_hyperparams(self.pool_stats)
+
+    @torch.no_grad()
+    def solvable_prompts(self) -> list:
+        """``rollout.prompt_pool=solvable``: the screened train problems the starting policy answers right at least once
+        in ``pool_samples`` completions (each problem's sampler seeded by (run seed, "pool", uid)), in screening
+        order. The screening's samples and tokens are added to the run's budget."""
+        r = self.cfg.rollout
+        train = self.task.examples("train")
+        screened = random.Random(f"pool-{self.cfg.seed}").sample(train, min(r.pool_screened or len(train), len(train)))
+        per_chunk = max(1, self.cfg.eval.batch_size // r.pool_samples)
+        kept, t0 = [], time.perf_counter()
+        for start in range(0, len(screened), per_chunk):
+            chunk = screened[start : start + per_chunk]
+            batch = {k: v.to(self.device) for k, v in self.task.collate_prompts(chunk).items() if k != "examples"}
+            seeds = [sample_seed(self.cfg.seed, "pool", ex.uid) for ex in chunk]
+            gen = self.sample(batch, r.pool_samples, r.temperature, seeds)
+            texts = self.decode(gen.completion_ids, gen.mask)
+            k = r.pool_samples
+            for i, ex in enumerate(chunk):
+                if any(self.task.is_correct(self.task.reward(ex, t)) for t in texts[i * k : (i + 1) * k]):
+                    kept.append(ex)
+            self.samples_seen += len(texts)
+            self.tokens_generated += int(gen.lengths.sum())
+        if len(kept) < r.prompts_per_step:
+            raise ValueError(
+                f"rollout.prompt_pool=solvable: the starting policy answered {len(kept)} of {len(screened)} screened "
+                f"train prompts right in {k} samples, fewer than rollout.prompts_per_step={r.prompts_per_step}; "
+                "raise rollout.pool_screened or rollout.pool_samples, or use rollout.prompt_pool=all"
+            )
+        self.pool_stats = {
+            "data/pool_screened": len(screened),
+            "data/pool_kept": len(kept),
+            "data/pool_seconds": round(time.perf_counter() - t0, 1),
+        }
+        return kept
 
     # ---- the step -----------------------------------------------------------------------------------------------
     def make_rollout(self, batch: dict, round: int = 0) -> Rollout:
