@@ -404,6 +404,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "algorithm.m2_threshold": 0.04,
     "algorithm.critic_warmup": 0,
     "task.filler": "fixed",
+    "task.demo_error_mode": "replace",
     "rollout.prompt_pool": "all",
     "rollout.pool_samples": 4,
     "rollout.pool_screened": 2048,

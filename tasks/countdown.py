@@ -383,6 +383,9 @@ class CountdownConfig(TaskConfig):
     equation: every number once, a value other than the target. A partial-demonstration warm start: the model learns
     the format and, from the rest, how to reach a target, but puts mass on wrong answers that RL can move. RL
     prompts and the evaluation are unchanged."""
+    demo_error_mode: str = "replace"
+    """replace: a chosen problem's right demonstration is replaced by the wrong one; add: it is kept and the wrong one
+    added beside it (the warm start sees every right demonstration, and the chosen problems twice, right and wrong)."""
     test_share: float = 0.15
     """Share of generated problems in the test split (by hash): 15 % of the default 7,329 gives 1,075, enough for
     the default 1000-problem evaluation (binomial SE 0.015 at p = 0.4; results/eval_noise.md)."""
@@ -398,6 +401,8 @@ class CountdownConfig(TaskConfig):
             raise ValueError(f"need 0 < test_share, 0 <= val_share, sum < 1; got {self.test_share}, {self.val_share}")
         if not 0 <= self.demo_error_rate <= 1:
             raise ValueError(f"task.demo_error_rate must be in [0, 1], got {self.demo_error_rate}")
+        if self.demo_error_mode not in ("replace", "add"):
+            raise ValueError(f"task.demo_error_mode={self.demo_error_mode!r}: choose replace or add")
         for field_name in ("max_number", "max_target", "num_generated"):
             if getattr(self, field_name) < 1:
                 raise ValueError(f"{field_name} must be >= 1, got {getattr(self, field_name)}")
@@ -440,7 +445,9 @@ class Countdown(Task):
         demos = super().demonstrations()
         if self.cfg.demo_error_rate == 0:
             return demos
-        wrong = (wrong_demonstration(e, self.cfg) if demo_is_wrong(e, self.cfg) else None for e in demos)
+        wrong = [wrong_demonstration(e, self.cfg) if demo_is_wrong(e, self.cfg) else None for e in demos]
+        if self.cfg.demo_error_mode == "add":
+            return demos + [w for w in wrong if w is not None]
         return [w or e for w, e in zip(wrong, demos, strict=True)]
 
     def instruction(self, example: Example) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,21 @@ def test_demo_error_rate_makes_that_share_of_demonstrations_wrong_and_nothing_el
     assert task.load_split("train") == train and task.load_split("test") == generated["test"]
     with pytest.raises(ValueError, match="demo_error_rate"):
         CountdownConfig(demo_error_rate=1.5)
+
+
+def test_demo_error_mode_add_keeps_every_right_demonstration_and_adds_the_wrong_ones(generated) -> None:
+    """task.demo_error_mode=add: the right demonstrations all stay, in order, and the chosen problems' wrong ones (the
+    same as replace's) follow; the share of wrong demonstrations is rate / (1 + rate)."""
+    cfg = CountdownConfig(num_generated=6000, num_count_min=3, num_count_max=4, demo_error_rate=0.3)
+    replaced = Countdown(cfg).demonstrations()
+    added = Countdown(replace(cfg, demo_error_mode="add")).demonstrations()
+    train = generated["train"]
+    assert added[: len(train)] == train
+    wrong = [r for r, t in zip(replaced, train, strict=True) if r.demonstration != t.demonstration]
+    assert added[len(train) :] == wrong and len(wrong) > 0
+    assert all(reward(e, e.demonstration).score == 0.0 for e in added[len(train) :])
+    with pytest.raises(ValueError, match="demo_error_mode='both'"):
+        CountdownConfig(demo_error_mode="both")
 
 
 def test_default_config_generates_all_splits() -> None:
