@@ -369,8 +369,8 @@ class RLModule(PolicyModule):
     @torch.no_grad()
     def solvable_prompts(self) -> list:
         """``rollout.prompt_pool=solvable``: the screened train problems the starting policy answers right at least once
-        in ``pool_samples`` completions (each problem's sampler seeded by (run seed, "pool", uid)), in screening
-        order. The screening's samples and tokens are added to the run's budget."""
+        in ``pool_samples`` completions (each problem's sampler seeded by (run seed, "pool", uid); ``eval.batch_size``
+        completions a batch), in screening order. The screening's samples and tokens are added to the run's budget."""
         r = self.cfg.rollout
         train = self.task.examples("train")
         screened = random.Random(f"pool-{self.cfg.seed}").sample(train, min(r.pool_screened or len(train), len(train)))
