@@ -144,14 +144,13 @@ class OptimConfig:
     ``trainer.max_steps`` (counted in training steps: rollout steps for RL, optimizer steps for SFT)."""
     min_lr_ratio: float = 0.0
     """The decay's end point as a share of lr."""
+    max_grad_norm: float = 1.0
 
     def __post_init__(self) -> None:
         if self.decay not in DECAYS:
             raise ValueError(f"optim.decay={self.decay!r}: choose one of {', '.join(DECAYS)}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-
-    max_grad_norm: float = 1.0
 
 
 @dataclass

@@ -90,9 +90,8 @@ class Task(L.LightningDataModule):
         self.cfg, self.tokenizer, self.seed = cfg, tokenizer, seed
         self.prompts_per_step, self.train_stream, self.batch_size = prompts_per_step, train_stream, batch_size
         self.start_step = 0  # set on resume so the prompt stream continues where it stopped
-        self.prompt_pool: list[Example] | None = (
-            None  # the train prompts RL draws from, when not all (rollout.prompt_pool)
-        )
+        # The train prompts RL draws from when not all of them (rollout.prompt_pool): set by the algorithm.
+        self.prompt_pool: list[Example] | None = None
         self._splits: dict[str, list[Example]] = {}
 
     # ---- data ---------------------------------------------------------------------------------------------------
