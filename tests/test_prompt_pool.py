@@ -7,6 +7,8 @@ meets on some samples and not others. The expected pool is recomputed here, inde
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -55,8 +57,6 @@ def test_the_pool_is_the_screened_prompts_solved_at_least_once_and_its_samples_c
     m = _module(small, *coin, *POOL)
     pool = m.solvable_prompts()
     # The same screening, written out: 24 train prompts drawn by the seed, 2 samples each from per-uid seeds.
-    import random
-
     screened = random.Random(f"pool-{m.cfg.seed}").sample(m.task.examples("train"), 24)
     expected, samples, tokens = [], 0, 0
     for ex in screened:

@@ -56,12 +56,8 @@ COS36 = math.cos(0.2 * math.pi)
         ("constant", 2, [0.5, 1.0, 1.0, 1.0, 1.0]),
         # linear over steps 0..10 down to 0.1 x lr: 0.1 + 0.9 (1 - k/10) at training steps k = 0, 2, 5, 8, 10.
         ("linear", 0, [1.0, 0.82, 0.55, 0.28, 0.1]),
-        # cosine: 0.1 + 0.9 * (1 + cos(pi k/10)) / 2 at the same k.
-        (
-            "cosine",
-            0,
-            [1.0, 0.1 + 0.45 * (1 + math.cos(0.2 * math.pi)), 0.55, 0.1 + 0.45 * (1 - math.cos(0.2 * math.pi)), 0.1],
-        ),
+        # cosine: 0.1 + 0.9 * (1 + cos(pi k/10)) / 2 at the same k (cos(0.8 pi) = -cos(0.2 pi)).
+        ("cosine", 0, [1.0, 0.1 + 0.45 * (1 + COS36), 0.55, 0.1 + 0.45 * (1 - COS36), 0.1]),
         # with a warm-up of 2 the decay starts after it: (k - 2) / 8, the warm-up's own factor 1/2 at optimizer step 0.
         ("linear", 2, [0.5, 1.0, 0.1 + 0.9 * (1 - 3 / 8), 0.1 + 0.9 * (1 - 6 / 8), 0.1]),
     ],

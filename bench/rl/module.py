@@ -187,7 +187,7 @@ class PolicyModule(L.LightningModule):
         examples = self.task.eval_examples()
         outcomes: list[dict] = [{"uid": ex.uid} for ex in examples]
         rows, components = [], defaultdict(list)
-        for start, chunk, texts, lengths in self._eval_generations(examples, 1, 0.0):
+        for start, chunk, texts, lengths in self._generations(examples, 1, 0.0):
             for i, (ex, text, n) in enumerate(zip(chunk, texts, lengths, strict=True)):
                 res = self.task.reward(ex, text)
                 outcomes[start + i].update(correct=int(self.task.is_correct(res)), score=float(res.score), length=n)
@@ -205,7 +205,7 @@ class PolicyModule(L.LightningModule):
                     )
         k = e.samples_per_problem
         if k:
-            for start, chunk, texts, lengths in self._eval_generations(examples, k, e.temperature):
+            for start, chunk, texts, lengths in self._generations(examples, k, e.temperature):
                 for i, ex in enumerate(chunk):
                     results = [self.task.reward(ex, t) for t in texts[i * k : (i + 1) * k]]
                     outcomes[start + i].update(
@@ -234,10 +234,14 @@ class PolicyModule(L.LightningModule):
         self.policy.train(was_training)
         return metrics
 
-    def _eval_generations(self, examples: list, group: int, temperature: float):
-        """Yield (first index, problems, decoded completions, lengths) chunk by chunk; ``group`` completions per
-        problem, each problem's sampler seeded by (run seed, uid) so its samples do not depend on the batch layout."""
+    def _generations(self, examples: list, group: int, temperature: float, *, tag: tuple = (), rollout: bool = False):
+        """Yield (first index, problems, decoded completions, lengths) chunk by chunk, ``eval.batch_size`` completions a
+        chunk; ``group`` completions per problem, each problem's sampler seeded by (run seed, ``tag``, uid) so its
+        samples do not depend on the batch layout (``tag`` defaults to ("eval", group)). top_p and the token budget
+        are the evaluation's, or with ``rollout`` the rollout's."""
         e, r = self.cfg.eval, self.cfg.rollout
+        tag = tag or ("eval", group)
+        top_p, budget = (r.top_p, r.max_new_tokens) if rollout else (e.top_p, e.max_new_tokens or r.max_new_tokens)
         per_chunk = max(1, e.batch_size // group)
         for start in range(0, len(examples), per_chunk):
             chunk = examples[start : start + per_chunk]
@@ -247,12 +251,12 @@ class PolicyModule(L.LightningModule):
                 batch["prompt_ids"].to(self.device),
                 batch["prompt_mask"].to(self.device),
                 group_size=group,
-                max_new_tokens=e.max_new_tokens or r.max_new_tokens,
+                max_new_tokens=budget,
                 temperature=temperature,
-                top_p=e.top_p if temperature > 0 else 1.0,
+                top_p=top_p if temperature > 0 else 1.0,
                 eos_token_id=self.tokenizer.eos_token_id,
                 pad_token_id=self.tokenizer.pad_token_id,
-                seeds=[sample_seed(self.cfg.seed, "eval", group, ex.uid) for ex in chunk],
+                seeds=[sample_seed(self.cfg.seed, *tag, ex.uid) for ex in chunk],
                 share_prompt_cache=r.share_prompt_cache,
                 compact_finished=r.compact_finished,
                 static_cache=r.static_cache,
@@ -372,22 +376,18 @@ class RLModule(PolicyModule):
         in ``pool_samples`` completions (each problem's sampler seeded by (run seed, "pool", uid); ``eval.batch_size``
         completions a batch), in screening order. The screening's samples and tokens are added to the run's budget."""
         r = self.cfg.rollout
+        k = r.pool_samples
         train = self.task.examples("train")
         screened = random.Random(f"pool-{self.cfg.seed}").sample(train, min(r.pool_screened or len(train), len(train)))
-        per_chunk = max(1, self.cfg.eval.batch_size // r.pool_samples)
-        kept, t0 = [], time.perf_counter()
-        for start in range(0, len(screened), per_chunk):
-            chunk = screened[start : start + per_chunk]
-            batch = {k: v.to(self.device) for k, v in self.task.collate_prompts(chunk).items() if k != "examples"}
-            seeds = [sample_seed(self.cfg.seed, "pool", ex.uid) for ex in chunk]
-            gen = self.sample(batch, r.pool_samples, r.temperature, seeds)
-            texts = self.decode(gen.completion_ids, gen.mask)
-            k = r.pool_samples
+        kept, t0, was_training = [], time.perf_counter(), self.policy.training
+        self.policy.eval()
+        for _, chunk, texts, lengths in self._generations(screened, k, r.temperature, tag=("pool",), rollout=True):
             for i, ex in enumerate(chunk):
                 if any(self.task.is_correct(self.task.reward(ex, t)) for t in texts[i * k : (i + 1) * k]):
                     kept.append(ex)
             self.samples_seen += len(texts)
-            self.tokens_generated += int(gen.lengths.sum())
+            self.tokens_generated += sum(lengths)
+        self.policy.train(was_training)
         if len(kept) < r.prompts_per_step:
             raise ValueError(
                 f"rollout.prompt_pool=solvable: the starting policy answered {len(kept)} of {len(screened)} screened "
