@@ -137,6 +137,41 @@ def test_tempo_without_branching_is_grpo(G):
     assert_same(got, want, f"tempo G={G}")
 
 
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_shared_prefix_net_credit(agg):
+    """Why there is no shared-prefix probe (results/credit_horizon/README.md): a prefix that every completion of a
+    group shares is the same context and token in each row, so its parameter gradient is the group's sum of
+    d loss / d logp at that position. On-policy (ratio 1, the harness's one update per rollout) with group-centred
+    advantages that sum is Σ_i w_i A_i: exactly 0 under token-mean (w_i alike), and with unequal lengths
+    −Σ_i A_i / (B |o_i|) under seq-mean-token-mean: rewards 1 0 0 1, lengths 4 8 7 5, A = ±(1/2)/sqrt(1/3), so
+    −(0.8660 / 4)(1/4 − 1/8 − 1/7 + 1/5) = −0.039435 at each shared position. TEMPO's TD term is 0 on the shared
+    prefix, so prefix-tree credit gives it the same. Credit differs only from the first divergence on: chain's
+    problem."""
+    G, shared = 4, 3
+    lengths = [4, 8, 7, 5]  # the same 3 leading tokens, suffixes of different lengths
+    T = max(lengths)
+    mask = (torch.arange(T) < torch.tensor(lengths).unsqueeze(-1)).to(F64)
+    ids = torch.tensor([[7, 8, 9, 1 + i, 2, 3, 4, 5] for i in range(G)])
+    old = -torch.rand(G, T, generator=torch.Generator().manual_seed(0), dtype=F64) - 0.1
+    old[:, :shared] = old[0, :shared]  # one context: the same log-prob in every row
+    r = t64([1.0, 0.0, 0.0, 1.0])
+    grpo = dataclasses.replace(ALGORITHMS.get("grpo").Config(), beta=0.0, loss_agg=agg)
+    tempo = dataclasses.replace(TEMPOConfig(), loss_agg=agg)
+    seq_adv = advantages(grpo, r, None, mask, G)  # [G]: (r − 1/2) / (sample std + 1e-6)
+    tempo_adv, _ = tempo_advantages(r, ids, mask, G, tempo)
+    assert torch.allclose(tempo_adv[:, :shared], seq_adv.unsqueeze(-1).expand(G, shared), atol=1e-12)
+    norm = Norm.of(mask)
+    for cfg, adv in ((grpo, seq_adv), (tempo, tempo_adv)):
+        _, grad = loss_grad(lambda lp, c=cfg, a=adv: policy_loss(lp, old, a, mask, c, norm), old)
+        net = grad[:, :shared].sum(0)  # [shared]: what reaches the shared prefix's parameters
+        if agg == "token-mean":
+            assert torch.allclose(net, torch.zeros(shared, dtype=F64), atol=1e-12), (cfg.name, net)
+        else:
+            want = -(0.5 / math.sqrt(1 / 3) / 4) * (1 / 4 - 1 / 8 - 1 / 7 + 1 / 5)
+            assert round(want, 6) == -0.039435 and torch.allclose(net, torch.full((shared,), want, dtype=F64)), net
+        assert grad[:, shared].abs().min() > 0  # past the divergence every row gets its own credit
+
+
 # ---- GTPO / GRPO-S ---------------------------------------------------------------------------------------------------
 # G = 3, T = 3: rows 0, 1 correct (L = 3, 2), row 2 incorrect (L = 3). d_t = (2, 2, 1), h_t = (1, 1, 1).
 ENT = [[1.0, 2.0, 4.0], [3.0, 2.0, 99.0], [0.5, 1.0, 2.0]]
