@@ -211,6 +211,8 @@ def test_a_report_with_overrides_never_overwrites_the_committed_one(synthetic):
     spec = load_plan(str(path))[0]
     assert _out_dir(spec, ["sweep.report.baseline=dapo"], tmp / "chosen") == (tmp / "chosen", None)  # --out wins
     assert _out_dir(spec, ["sweep.workers=1"], None) == (summary.parent, None)  # how cells run: the committed place
+    where = ["cache_dir=/elsewhere/.cache", "tracking.uri=sqlite:////elsewhere/mlflow.db", "trainer.num_threads=1"]
+    assert _out_dir(spec, where, None) == (summary.parent, None)  # where things lie, not what ran: the same place
     moved_dir, note = _out_dir(spec, ["trainer.max_steps=50", "sweep.workers=1"], None)
     assert moved_dir.name == "synthetic+trainer.max_steps=50" and "trainer.max_steps=50" in note
 

@@ -41,7 +41,7 @@ from bench.config import ConfigError, config_hash
 from bench.registry import did_you_mean
 from bench.run import stats as S
 from bench.run.plots import natural_key, plot, plot_differences, plot_fits, plot_rliable, plot_settings
-from bench.run.sweep import Cell, Sweep, SweepSpec, load_plan, setting_name
+from bench.run.sweep import NOT_IN_IDENTITY, Cell, Sweep, SweepSpec, load_plan, setting_name
 from bench.tracking import git_commit
 
 X_AXES = {"step": None, "samples": "eval/at_samples_seen", "tokens": "eval/at_tokens_generated"}
@@ -54,6 +54,7 @@ RUN_ONLY_KEYS = (
     "sweep.ray_address",
     "sweep.resources",
     "sweep.report.ui_url",
+    *NOT_IN_IDENTITY,  # where things lie (cache, store, outputs) and run switches: not what a cell computes
 )
 UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the embedded store
 
@@ -858,7 +859,7 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
     if changing:
         lines += [f"- Command-line overrides of the sweep file: `{' '.join(changing)}`."]
     commits = ", ".join(sorted({r.commit[:12] for r in runs}))
-    again = f"python -m bench sweep {spec.name}" + "".join(f" {o}" for o in overrides)
+    again = f"python -m bench sweep {spec.name}" + "".join(f" {o}" for o in changing)
     lines += [
         f"- Reproduce: `{again}` (runs the missing cells, then this report); `python -m bench report {spec.name}` "
         f"rewrites the report from MLflow. Cells trained at git commit {commits}; report written at "
