@@ -390,15 +390,17 @@ def test_sigkill_mid_cell_then_restart_ends_with_exactly_one_finished_run_per_ce
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     deadline = time.time() + 240
     mid_cell = False
-    while time.time() < deadline and not mid_cell:  # wait until a cell is training: a RUNNING run with a step logged
-        time.sleep(1)
+    # Wait until the driver has counted a finished cell (its time is recorded) and another cell is training.
+    while time.time() < deadline and not mid_cell:
+        time.sleep(0.5)
         exp = client.get_experiment_by_name("sweep-killme")
-        if exp is None:
+        parents = client.search_runs([exp.experiment_id], "tags.role = 'sweep'") if exp else []
+        if not any("sweep.wall_clock_s" in p.data.tags for p in parents):
             continue
         for r in client.search_runs([exp.experiment_id], "tags.role = 'cell' and attributes.status = 'RUNNING'"):
             if client.get_metric_history(r.info.run_id, "time/step"):
                 mid_cell = True
-    assert mid_cell, "no cell started training within 240 s"
+    assert mid_cell, "no cell finished while another was training within 240 s"
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     cells_dir = str(tmp_path / "runs" / "sweeps" / "killme")
@@ -409,6 +411,9 @@ def test_sigkill_mid_cell_then_restart_ends_with_exactly_one_finished_run_per_ce
     assert not _alive(cells_dir), "cell processes outlived the SIGKILLed driver"
     stale = [r for r in cell_runs(tmp_path, "killme") if r.info.status == "RUNNING"]
     assert stale, "the kill should have left at least one run RUNNING"
+    (parent,) = client.search_runs([exp.experiment_id], "tags.role = 'sweep'")
+    killed_s = float(parent.data.tags["sweep.wall_clock_s"])  # the killed driver's time, to its last finished cell
+    assert killed_s > 0
 
     rc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert rc.returncode == 0, rc.stdout[-3000:] + rc.stderr[-3000:]
@@ -424,6 +429,8 @@ def test_sigkill_mid_cell_then_restart_ends_with_exactly_one_finished_run_per_ce
     # The runs the kill left behind were superseded (deleted), not left to be mistaken for results.
     deleted = {r.info.run_id for r in cell_runs(tmp_path, "killme", all_views=True)} - {r.info.run_id for r in runs}
     assert {r.info.run_id for r in stale} <= deleted
+    (parent,) = client.search_runs([exp.experiment_id], "tags.role = 'sweep'")
+    assert float(parent.data.tags["sweep.wall_clock_s"]) > killed_s  # both invocations' time
 
 
 @pytest.mark.slow

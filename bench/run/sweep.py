@@ -454,6 +454,14 @@ class Sweep:
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         failed: dict[str, str] = {}
+        earlier = float(self.client.get_run(parent).data.tags.get("sweep.wall_clock_s", 0))  # earlier invocations
+        clock = threading.Lock()
+
+        def record_driver_time() -> None:
+            """After every cell and at the end, so that a driver killed outright (SIGKILL, a lost machine) has
+            still recorded its time up to its last finished cell."""
+            with clock:
+                self.client.set_tag(parent, "sweep.wall_clock_s", f"{earlier + time.time() - progress.t0:.1f}")
 
         def warm(cfg_path: Path, key: str, warm_progress: WarmStartProgress) -> int:
             if stopping.is_set():
@@ -489,6 +497,7 @@ class Sweep:
             # Counted here, in the worker thread, before it takes the next cell (so "running" never overcounts).
             if rc == 0:
                 progress.finished(cell)
+                record_driver_time()
             elif stopping.is_set():
                 progress.stopped(cell)
             else:
@@ -522,8 +531,7 @@ class Sweep:
                 signal.signal(s, h)
             launcher.close()
         status = "KILLED" if stopping.is_set() else ("FAILED" if failed else "FINISHED")
-        before = float(self.client.get_run(parent).data.tags.get("sweep.wall_clock_s", 0))
-        self.client.set_tag(parent, "sweep.wall_clock_s", f"{before + time.time() - progress.t0:.1f}")
+        record_driver_time()
         self.client.set_tag(parent, "sweep.failed_cells", json.dumps(list(failed.values()))[:5000])
         self.client.set_tag(parent, "sweep.cells_done", str(progress.done))
         self.client.set_terminated(parent, status)
