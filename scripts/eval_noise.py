@@ -28,8 +28,8 @@ from bench import ROOT  # noqa: E402
 from bench.config import compose  # noqa: E402
 from bench.engine.policy import load_policy  # noqa: E402
 from bench.registry import ALGORITHMS, TASKS  # noqa: E402
-from bench.run.stats import binomial_se  # noqa: E402
 from bench.run.train import ensure_sft  # noqa: E402
+from bench.stats import binomial_se  # noqa: E402
 from bench.tracking import git_commit  # noqa: E402
 
 

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import ROOT  # noqa: E402
-from bench.run import stats as S  # noqa: E402
+from bench import stats as S  # noqa: E402
 from bench.run.report import collect, group, matrix, shared_uids, variants  # noqa: E402
 from bench.run.sweep import Sweep, load_plan  # noqa: E402
 

@@ -14,8 +14,8 @@ from mlflow.tracking import MlflowClient
 
 from bench.config import ConfigError, compose
 from bench.rl.module import _value, outcome_metrics
-from bench.run.stats import pass_at_k
 from bench.run.train import train
+from bench.stats import pass_at_k
 
 
 def _outcomes(client: MlflowClient, run_id: str, step: int) -> list[dict]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from bench.run import stats as S
+from bench import stats as S
 
 
 # ---- evaluation estimators ----------------------------------------------------------------------------------------
@@ -99,16 +99,56 @@ def test_hierarchical_bootstrap_variance_of_one_run_is_the_binomial_variance():
     assert np.all(S.hierarchical_bootstrap(y, y, paired=True, reps=50) == 0)
 
 
-def test_noise_decomposition_recovers_known_components():
-    """10 seeds whose true accuracy varies with sd 0.03, each on 2000 Bernoulli problems (eval sd ~0.011)."""
-    rng = np.random.default_rng(5)
-    p = 0.4 + rng.normal(0, 0.03, size=10)
-    y = (rng.random((10, 2000)) < p[:, None]).astype(float)
-    n = S.noise(y, reps=2000)
-    assert n.eval_sd == pytest.approx(math.sqrt(0.4 * 0.6 / 2000), rel=0.05)
-    assert n.observed_sd == pytest.approx(float(y.mean(1).std(ddof=1)))
-    assert n.train_sd == pytest.approx(math.sqrt(n.observed_sd**2 - n.eval_sd**2))
-    assert 0 < n.eval_share < 1
+def _crossed(rng, S_: int, M: int, s_seed: float, s_problem: float, s_eval: float) -> np.ndarray:
+    """y_sj = 0.4 + a_s + b_j + e_sj with known SDs (Gaussian): the evaluation variance of a run mean is s_eval² / M."""
+    return (0.4 + rng.normal(0, s_seed, (S_, 1)) + rng.normal(0, s_problem, (1, M))
+            + rng.normal(0, s_eval, (S_, M)))  # fmt: skip
+
+
+def test_noise_two_way_decomposition_recovers_a_known_split():
+    """Seeds x problems with a known split (training SD 0.01, problem difficulty SD 0.3, interaction SD 0.35 on 1000
+    problems: evaluation SD 0.0111, its share of the seed-to-seed variance 0.55). Over 400 simulated sweeps of 5 seeds
+    the two-way estimate of the evaluation variance is unbiased (mean within 3 % of the truth, whose MC SE is ~1.6 %),
+    while one run's SE over its problems (the old estimate) counts the problem difficulty too: 0.0147 against 0.0111."""
+    rng = np.random.default_rng(11)
+    M, s_seed, s_problem, s_eval = 1000, 0.01, 0.3, 0.35
+    true_eval_var = s_eval**2 / M
+    est, within = [], []
+    for _ in range(400):
+        n = S.noise(_crossed(rng, 5, M, s_seed, s_problem, s_eval))
+        est.append(n.eval_sd**2)
+        within.append(n.within_run_se**2)
+        assert n.observed_sd**2 == pytest.approx(n.eval_sd**2 + n.train_sd**2) or n.train_sd == 0
+    assert np.mean(est) == pytest.approx(true_eval_var, rel=0.03)
+    assert math.sqrt(np.mean(within)) == pytest.approx(math.sqrt((s_problem**2 + s_eval**2) / M), rel=0.02)
+    assert math.sqrt(np.mean(within)) > 1.3 * math.sqrt(true_eval_var)
+    true_share = true_eval_var / (s_seed**2 + true_eval_var)
+    n = S.noise(_crossed(np.random.default_rng(1), 200, M, s_seed, s_problem, s_eval))  # many seeds: the share itself
+    assert n.eval_share == pytest.approx(true_share, abs=0.08)
+    assert n.problem_sd == pytest.approx(s_problem, rel=0.1)
+
+
+def test_noise_on_binary_outcomes_matches_the_binomial_truth():
+    """Bernoulli outcomes with p_sj = clip(q_j + a_s): the true evaluation variance of run s's mean is
+    Σ_j p_sj (1 − p_sj) / M²; the two-way estimate recovers it (5 % over 300 sweeps), one run's binomial SE (which
+    reads q_j's spread as noise) does not."""
+    rng = np.random.default_rng(12)
+    M, S_ = 1000, 5
+    q = rng.beta(0.5, 0.8, M)  # easy and hard problems, as a trained model's per-problem accuracy
+    truth, est, within = [], [], []
+    for _ in range(300):
+        p = np.clip(q[None, :] + rng.normal(0, 0.01, (S_, 1)), 0, 1)
+        y = (rng.random((S_, M)) < p).astype(float)
+        n = S.noise(y)
+        truth.append(float((p * (1 - p)).sum(1).mean()) / M**2)
+        est.append(n.eval_sd**2)
+        within.append(n.within_run_se**2)
+    assert np.mean(est) == pytest.approx(np.mean(truth), rel=0.05)
+    assert np.mean(within) > 1.5 * np.mean(truth)
+    # by hand: run means 2/3 and 2/3 (no seed-to-seed spread), problem means 1, 1/2, 1/2; the interaction residuals are
+    # 0, ∓1/2, ±1/2 in each row: MS_int = 4 · 1/4 / ((2 − 1)(3 − 1)) = 1/2, evaluation variance 1/2 / 3 problems
+    n = S.noise(np.array([[1, 0, 1], [1, 1, 0]], float))
+    assert n.eval_sd**2 == pytest.approx(1 / 6) and n.observed_sd == 0.0 and n.train_sd == 0.0
 
 
 def test_power_against_the_t_approximation_and_its_inverse():
@@ -125,6 +165,75 @@ def test_power_against_the_t_approximation_and_its_inverse():
             target = S.mde(0.04, n, paired=paired)
             assert S.seeds_needed(target * 1.0000001, 0.04, paired=paired) == n
     assert S.seeds_needed(1e-9, 1.0, paired=True, most=1000) == math.inf
+
+
+def test_mde_holds_the_problem_term_fixed_and_stops_at_its_floor():
+    """MDE(n) = k(n) · sqrt(s² / n + τ²/M): more seeds shrink the seed part only; as n grows the MDE approaches the
+    floor (z_.975 + z_.8) · sqrt(τ²/M), and a target at or below the floor needs infinitely many seeds."""
+    sd, P = 0.03, 0.01**2
+    floor = S.mde_floor(P)
+    assert floor == pytest.approx((sps.norm.ppf(0.975) + sps.norm.ppf(0.8)) * 0.01)
+    k5 = S.mde(sd, 5, paired=True) / (sd / math.sqrt(5))
+    assert S.mde(sd, 5, paired=True, problem_var=P) == pytest.approx(k5 * math.sqrt(sd**2 / 5 + P))
+    assert S.mde(sd, 10_000, paired=True, problem_var=P) == pytest.approx(floor, rel=0.01)
+    assert S.seeds_needed(floor * 0.999, sd, paired=True, problem_var=P) == math.inf
+    n = S.seeds_needed(0.04, sd, paired=True, problem_var=P)
+    assert S.mde(sd, int(n), paired=True, problem_var=P) <= 0.04 < S.mde(sd, int(n) - 1, paired=True, problem_var=P)
+    assert n > S.seeds_needed(0.04, sd, paired=True)  # the fixed term costs seeds
+    # a Difference rescales its own seed part and keeps its problem part
+    rng = np.random.default_rng(3)
+    q = rng.random(400)  # per-problem accuracy of B; A differs from it by a problem-specific amount (τ > 0)
+    qa = np.clip(q + rng.normal(0.05, 0.3, 400), 0, 1)
+    a, b = (rng.random((5, 400)) < qa).astype(float), (rng.random((5, 400)) < q).astype(float)
+    d = S.difference(a, b, paired=True)
+    assert d.problem_var > 0
+    assert d.se**2 == pytest.approx(d.seed_var + d.problem_var)
+    assert d.mde() == pytest.approx(S.mde(d.seed_sd, 5, paired=True, problem_var=d.problem_var))
+    assert d.mde(50) < d.mde() and d.mde(10**5) == pytest.approx(S.mde_floor(d.problem_var), rel=0.02)
+
+
+def test_mde_interval_covers_the_true_mde():
+    """The χ² interval on the seed SD (n − 1 degrees of freedom) turned into an MDE interval: over 2000 paired sweeps
+    of 5 seeds it holds the MDE at the true SD 93-97 % of the time (run-level values, no problem term)."""
+    rng = np.random.default_rng(4)
+    true = S.mde(0.02, 5, paired=True)
+    hits = 0
+    for _ in range(2000):
+        d = S.difference(rng.normal(0.01, 0.02, (5, 1)), np.zeros((5, 1)), paired=True)
+        lo, hi = d.mde_interval()
+        hits += lo <= true <= hi
+    assert 0.93 <= hits / 2000 <= 0.97, hits / 2000
+
+
+def test_bootstrap_interval_and_its_p_agree():
+    """With interval="bootstrap" the p-value comes from the same replicates: p <= α exactly when the interval
+    excludes 0 (was: the t test's p beside a bootstrap interval, which disagreed)."""
+    rng = np.random.default_rng(5)
+    disagree = 0
+    for i in range(60):
+        a = (rng.random((4, 300)) < 0.5 + 0.01 * (i % 7)).astype(float)
+        b = (rng.random((4, 300)) < 0.5).astype(float)
+        d = S.difference(a, b, paired=True, interval="bootstrap", reps=2000, seed=i)
+        disagree += (d.p <= 0.05) != (not d.lo <= 0 <= d.hi)
+    assert disagree == 0
+    assert S.bootstrap_p(np.array([1.0, 2.0, 3.0, -1.0])) == pytest.approx(0.5)  # 2 x 1/4
+    assert S.bootstrap_p(np.ones(100)) == pytest.approx(0.01)  # never below 1 / reps
+
+
+def test_improvement_test_is_exact_mann_whitney_and_holds_its_level():
+    """One task: the permutation test equals scipy's exact Mann-Whitney p (no ties). Under the null at 5 runs a side,
+    over 2000 trials it rejects at most 5 % (+2 MC SE), where rliable's percentile-bootstrap interval of P(X > Y)
+    excludes 0.5 more often than 5 % (7.5 % in the independent check; measured here on 400 trials)."""
+    x, y = np.array([[0.3], [0.35], [0.4], [0.33], [0.31]]), np.array([[0.2], [0.25], [0.28], [0.29], [0.36]])
+    assert S.improvement_test(x, y) == pytest.approx(sps.mannwhitneyu(x[:, 0], y[:, 0], method="exact").pvalue)
+    rng = np.random.default_rng(6)
+    rejects = sum(S.improvement_test(rng.normal(size=(5, 1)), rng.normal(size=(5, 1))) < 0.05 for _ in range(2000))
+    assert rejects / 2000 <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 2000), rejects / 2000
+    excluded = 0
+    for i in range(400):
+        _, lo, hi = S.probability_of_improvement(rng.normal(size=(5, 1)), rng.normal(size=(5, 1)), reps=500, seed=i)
+        excluded += not lo <= 0.5 <= hi
+    assert excluded / 400 > 0.05, excluded / 400  # why the report's claims use the test, not the interval
 
 
 def test_multiple_comparison_adjustment_hand_values():

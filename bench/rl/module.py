@@ -24,7 +24,7 @@ from bench.engine.policy import Reference, completion_logprobs
 from bench.engine.rollout import Rollout, generate, sample_seed
 from bench.rl.losses import Norm, terminal_rewards, zero_variance_groups
 from bench.rl.segment import step_token_rewards
-from bench.run.stats import binomial_se, mean_se, pass_at_k
+from bench.stats import binomial_se, mean_se, pass_at_k
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.run import stats as S
+from bench import stats as S
 
 KINDS = ("final", "auc")
 

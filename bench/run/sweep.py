@@ -87,7 +87,7 @@ class ReportSpec:
     """Multiple-comparison adjustment of the baseline comparisons: holm (family-wise) or bh (false discovery rate)."""
     interval: str = "t"
     """t: Student t on the seeds x problems variance (covers at few seeds); bootstrap: percentile hierarchical
-    bootstrap (for many seeds; undercovers at 3-5, bench/run/stats.py)."""
+    bootstrap (for many seeds; undercovers at 3-5, bench/stats.py)."""
     bootstrap_reps: int = 2000
     """Bootstrap replicates (rliable aggregates, probability of improvement, noise decomposition)."""
     fit_reps: int = 100

@@ -24,8 +24,16 @@ Why not the percentile hierarchical bootstrap (seeds, then problems): in the sim
 problems) it covers about 87 % at 3 seeds and 93 % at 5 instead of 95 % (resampling three seeds can never show more
 spread than the three have), and a t interval on the bootstrap's standard error counts the run-level noise twice
 (once between seeds, once between problems) and over-covers (99 %); the interval below covers 94-97 %.
-``hierarchical_bootstrap`` is kept as an option (``interval="bootstrap"``) for sweeps with many seeds, and serves the
-noise decomposition, where the bootstrap over problems within a run is exactly the evaluation variance.
+``hierarchical_bootstrap`` is kept as an option (``interval="bootstrap"``) for sweeps with many seeds; its p-value is
+then read from the same replicates, so interval and p agree.
+
+Noise. The seed-to-seed spread of a variant's run means ȳ_s· = μ + a_s + b̄ + ē_s· holds no problem-difficulty term
+(every seed answers the same problems, so b̄ is common to all), and evaluation noise is Var(ē_s·) = σ²_e / M, estimated
+from the seed x problem interaction mean square of the two-way layout (``noise``). A bootstrap over the problems
+within one run estimates the binomial SE of that run, Var_j(y_sj) / M = (σ²_b + σ²_e) / M: it counts problem difficulty
+that no seed-to-seed spread holds, and overstates evaluation noise.
+Power. The problem term τ²/M of a difference does not shrink with more seeds: ``mde`` and ``seeds_needed`` hold it
+fixed, and it sets a floor (``mde_floor``) below which no number of seeds detects a difference on this evaluation set.
 """
 
 from __future__ import annotations
@@ -84,10 +92,42 @@ class Difference:
     seeds: tuple[int, int]
     problems: int
     method: str
+    seed_var: float = math.nan
+    """The seed part of se² (s²_seed / n paired; s²_A / n_A + s²_B / n_B unpaired): shrinks with more seeds."""
+    problem_var: float = 0.0
+    """The problem part of se² (τ̂² / M): fixed by the evaluation set, whatever the seeds."""
 
     @property
     def half_width(self) -> float:
         return (self.hi - self.lo) / 2
+
+    @property
+    def seed_sd(self) -> float:
+        """The per-seed SD behind ``seed_var``: of the per-seed differences (paired), or the pooled per-variant SD at
+        equal seeds (unpaired: s²_A / n + s²_B / n = 2 s² / n)."""
+        n = min(self.seeds)
+        return math.sqrt(self.seed_var * (n if self.paired else n / 2)) if self.seed_var >= 0 else math.nan
+
+    def mde(self, seeds: int | None = None, *, alpha: float = ALPHA, power: float = POWER) -> float:
+        """The difference this comparison detects with this power at level α (two-sided), at its own seeds or at
+        ``seeds`` per variant: the seed part rescaled, the problem part held fixed (module function ``mde``)."""
+        n = seeds or min(self.seeds)
+        return mde(self.seed_sd, n, paired=self.paired, alpha=alpha, power=power, problem_var=self.problem_var)
+
+    def mde_interval(self, *, alpha: float = ALPHA, power: float = POWER, level: float = 0.95) -> tuple[float, float]:
+        """A ``level`` interval for ``mde()``: the seed SD's χ² interval on the comparison's degrees of freedom
+        (n − 1 paired, Welch's unpaired), the problem part held at its estimate."""
+        from scipy import stats
+
+        if not (self.df > 0 and math.isfinite(self.seed_var)):
+            return math.nan, math.nan
+        q = (1 - level) / 2
+        out = []
+        for chi in (stats.chi2.ppf(1 - q, self.df), stats.chi2.ppf(q, self.df)):
+            sd = self.seed_sd * math.sqrt(self.df / chi)
+            out.append(mde(sd, min(self.seeds), paired=self.paired, alpha=alpha, power=power,
+                           problem_var=self.problem_var))  # fmt: skip
+        return out[0], out[1]
 
 
 def _problem_term(a: np.ndarray, b: np.ndarray, paired: bool) -> float:
@@ -144,18 +184,29 @@ def difference(
         va, vb = float(a.mean(1).var(ddof=1)) / Sa, float(b.mean(1).var(ddof=1)) / Sb
         seed_var = va + vb
         df = seed_var**2 / (va**2 / (Sa - 1) + vb**2 / (Sb - 1)) if seed_var > 0 else float(Sa + Sb - 2)
-    se = math.sqrt(seed_var + _problem_term(a, b, paired))
+    problem_var = _problem_term(a, b, paired)
+    se = math.sqrt(seed_var + problem_var)
+    parts = dict(seed_var=seed_var, problem_var=problem_var)
     if se == 0:
         p = 1.0 if est == 0 else 0.0
-        return Difference(est, 0.0, df, est, est, p, paired, (Sa, Sb), M, "t (no variance)")
-    p = float(2 * stats.t.sf(abs(est) / se, df))
+        return Difference(est, 0.0, df, est, est, p, paired, (Sa, Sb), M, "t (no variance)", **parts)
     if interval == "bootstrap":
         reps_ = hierarchical_bootstrap(a, b, paired=paired, reps=reps, seed=seed)
         lo, hi = np.percentile(reps_, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-        method = "percentile hierarchical bootstrap"
-        return Difference(est, se, df, float(lo), float(hi), p, paired, (Sa, Sb), M, method)
+        method = "percentile hierarchical bootstrap (p from the same replicates)"
+        return Difference(est, se, df, float(lo), float(hi), bootstrap_p(reps_), paired, (Sa, Sb), M, method, **parts)
+    p = float(2 * stats.t.sf(abs(est) / se, df))
     q = float(stats.t.ppf(1 - alpha / 2, df))
-    return Difference(est, se, df, est - q * se, est + q * se, p, paired, (Sa, Sb), M, "t (seeds x problems)")
+    return Difference(est, se, df, est - q * se, est + q * se, p, paired, (Sa, Sb), M, "t (seeds x problems)", **parts)
+
+
+def bootstrap_p(replicates: np.ndarray) -> float:
+    """The two-sided p-value that agrees with the percentile interval of the same replicates: twice the smaller share
+    of replicates on either side of 0 (ties count half), at least 1 / reps; the (1 − α) percentile interval excludes
+    0 exactly when this p is at most α (up to the replicates' granularity)."""
+    r = np.asarray(replicates, np.float64)
+    below = (np.sum(r < 0) + 0.5 * np.sum(r == 0)) / len(r)
+    return float(min(1.0, max(2 * min(below, 1 - below), 1 / len(r))))
 
 
 def hierarchical_bootstrap(
@@ -195,13 +246,18 @@ def adjust(pvalues: list[float], method: Correction = "holm") -> list[float]:
 # ---- noise decomposition and power -------------------------------------------------------------------------------
 @dataclass
 class Noise:
-    """Seed-to-seed variance of a run-level value split into evaluation noise and training noise (as SDs)."""
+    """Seed-to-seed variance of a run-level value split into evaluation noise and training noise (as SDs), with the
+    problem-difficulty spread that every seed shares beside it (not part of the seed-to-seed spread)."""
 
     observed_sd: float
     eval_sd: float
     train_sd: float
     seeds: int
     problems: int
+    problem_sd: float = math.nan
+    """SD of the problems' difficulty b_j (the per-problem means, seed noise removed): common to all seeds."""
+    within_run_se: float = math.nan
+    """One run's SE over its problems, sqrt(mean_s Var_j(y_sj) / M): counts b_j too, so it overstates eval_sd."""
 
     @property
     def eval_share(self) -> float:
@@ -209,50 +265,87 @@ class Noise:
         return self.eval_sd**2 / self.observed_sd**2 if self.observed_sd > 0 else math.nan
 
 
-def noise(y: np.ndarray, *, reps: int = 2000, seed: int = 0) -> Noise:
-    """``y`` [S, M]: evaluation variance = the mean over runs of the bootstrap variance of the run's mean over its
-    problems (the noise of a finite evaluation set); training variance = observed between-seed variance − that
-    (floored at 0; Var_obs = σ²_train + σ²_eval, statistics.md)."""
+def noise(y: np.ndarray) -> Noise:
+    """``y`` [S, M] (seeds x the same M problems): the two-way decomposition y_sj = μ + a_s + b_j + e_sj. The spread of
+    the run means over seeds has expectation σ²_a + σ²_e / M (b_j is common to every seed); evaluation variance is
+    σ̂²_e / M with σ̂²_e the seed x problem interaction mean square Σ (y_sj − ȳ_s· − ȳ_·j + ȳ)² / ((S − 1)(M − 1));
+    training variance is the rest (floored at 0). Needs 2 seeds and 2 problems (NaN otherwise)."""
     y = np.atleast_2d(np.asarray(y, np.float64))
     S, M = y.shape
-    rng = np.random.default_rng(seed)
-    w = rng.multinomial(M, np.full(M, 1.0 / M), size=reps).T / M  # [M, reps]
-    eval_var = float((y @ w).var(axis=1, ddof=1).mean()) if M > 1 else 0.0
-    obs = float(y.mean(1).var(ddof=1)) if S > 1 else math.nan
-    train = math.sqrt(max(obs - eval_var, 0.0)) if S > 1 else math.nan
-    return Noise(math.sqrt(obs) if S > 1 else math.nan, math.sqrt(eval_var), train, S, M)
+    nan = math.nan
+    within = math.sqrt(float(y.var(axis=1, ddof=1).mean()) / M) if M > 1 else nan
+    if S < 2 or M < 2:
+        obs = math.sqrt(float(y.mean(1).var(ddof=1))) if S > 1 else nan
+        return Noise(obs, nan, nan, S, M, nan, within)
+    rows, cols, grand = y.mean(1), y.mean(0), y.mean()
+    ms_int = float(((y - rows[:, None] - cols[None, :] + grand) ** 2).sum()) / ((S - 1) * (M - 1))
+    eval_var = ms_int / M
+    obs = float(rows.var(ddof=1))
+    problem_var = max(float(cols.var(ddof=1)) - ms_int / S, 0.0)
+    return Noise(math.sqrt(obs), math.sqrt(eval_var), math.sqrt(max(obs - eval_var, 0.0)), S, M,
+                 math.sqrt(problem_var), within)  # fmt: skip
 
 
-def mde(sd: float, n: int, *, paired: bool, alpha: float = ALPHA, power: float = POWER) -> float:
-    """Minimum detectable effect of a two-sided t-test at level α and this power (statsmodels' noncentral-t solver):
-    ``paired``: one-sample test on per-seed differences of SD ``sd`` over n seeds; else two independent groups of n
-    seeds, each of SD ``sd``. NaN when n is too small for a test."""
+def _power_factor(n: int, paired: bool, alpha: float, power: float) -> float:
+    """k(n): the detectable difference is k(n) x the standard error of the difference at n seeds per variant
+    (statsmodels' noncentral-t solver: paired, the one-sample test on n per-seed differences; else two groups of n);
+    k tends to z_{1−α/2} + z_{power} (2.80 at 0.05, 0.8) as n grows."""
     from statsmodels.stats.power import TTestIndPower, TTestPower
 
-    if not (sd > 0 and math.isfinite(sd)) or n < 2:
-        return math.nan
     if paired:
         es = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided")
-    else:
-        es = TTestIndPower().solve_power(effect_size=None, nobs1=n, alpha=alpha, power=power, ratio=1.0)
-    return float(np.asarray(es).item()) * sd
+        return float(np.asarray(es).item()) * math.sqrt(n)
+    es = TTestIndPower().solve_power(effect_size=None, nobs1=n, alpha=alpha, power=power, ratio=1.0)
+    return float(np.asarray(es).item()) * math.sqrt(n / 2)
+
+
+def mde_floor(problem_var: float, *, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The detectable difference with infinitely many seeds: (z_{1−α/2} + z_{power}) · sqrt(τ²/M), set by the
+    evaluation set alone (0 without a problem term)."""
+    from scipy import stats
+
+    return float((stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)) * math.sqrt(max(problem_var, 0.0)))
+
+
+def mde(
+    sd: float, n: int, *, paired: bool, alpha: float = ALPHA, power: float = POWER, problem_var: float = 0.0
+) -> float:
+    """Minimum detectable effect of a two-sided t-test at level α and this power: ``paired``, the one-sample test on
+    per-seed differences of SD ``sd`` over n seeds; else two independent groups of n seeds, each of SD ``sd``.
+    ``problem_var`` (τ²/M, a ``Difference``'s problem part) is added to the seed part's variance unchanged: it does
+    not shrink with seeds. NaN when n is too small for a test."""
+    if not (sd >= 0 and math.isfinite(sd)) or n < 2 or (sd == 0 and problem_var <= 0):
+        return math.nan
+    seed_var = sd**2 / n if paired else 2 * sd**2 / n
+    return _power_factor(n, paired, alpha, power) * math.sqrt(seed_var + max(problem_var, 0.0))
 
 
 def seeds_needed(
-    delta: float, sd: float, *, paired: bool, alpha: float = ALPHA, power: float = POWER, most: int = 100_000
+    delta: float,
+    sd: float,
+    *,
+    paired: bool,
+    alpha: float = ALPHA,
+    power: float = POWER,
+    most: int = 100_000,
+    problem_var: float = 0.0,
 ) -> float:
     """Seeds (per variant) for a two-sided t-test to detect ``delta`` with this power: the smallest integer n with
-    mde(sd, n) <= delta (statsmodels' solver, rounded up). ``most`` caps the search (inf beyond it)."""
+    mde(sd, n) <= delta, the problem part held fixed. inf when ``delta`` is at or below the floor that part sets
+    (``mde_floor``: no number of seeds gets there on this evaluation set) or beyond ``most`` seeds."""
     if not (sd > 0 and math.isfinite(sd)):
         return math.nan
+    if delta <= mde_floor(problem_var, alpha=alpha, power=power):
+        return math.inf
+    kw = dict(paired=paired, alpha=alpha, power=power, problem_var=problem_var)
     lo, hi = 2, 2
-    while mde(sd, hi, paired=paired, alpha=alpha, power=power) > delta:
+    while mde(sd, hi, **kw) > delta:
         lo, hi = hi, hi * 2
         if hi > most:
             return math.inf
     while lo < hi:  # smallest n in [lo, hi] that detects delta
         mid = (lo + hi) // 2
-        if mde(sd, mid, paired=paired, alpha=alpha, power=power) <= delta:
+        if mde(sd, mid, **kw) <= delta:
             hi = mid
         else:
             lo = mid + 1
@@ -291,6 +384,38 @@ def probability_of_improvement(
         reps=reps,
     )
     return float(point["pair"][0]), float(ci["pair"][0][0]), float(ci["pair"][1][0])
+
+
+def _p_greater(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """P(X > Y) with ties one half, over the last axis of x [..., n_x] against y [..., n_y]."""
+    d = x[..., :, None] - y[..., None, :]
+    return ((d > 0) + 0.5 * (d == 0)).mean(axis=(-2, -1))
+
+
+def improvement_test(x: np.ndarray, y: np.ndarray, *, reps: int = 20_000, seed: int = 0) -> float:
+    """Two-sided p-value for P(X > Y) = 1/2 (``x``, ``y`` [runs, tasks]): a permutation test of the statistic
+    mean over tasks of P(X > Y), the runs' labels permuted within each task. Exact (every split enumerated) when one
+    task's splits number at most ``reps``; for one task that is the exact Mann-Whitney test, ties included. Otherwise
+    ``reps`` random permutations (p = (1 + hits) / (1 + reps)). Unlike the percentile-bootstrap interval of
+    ``probability_of_improvement`` (which excludes 0.5 in about 7.5 % of null trials at 5 runs a side,
+    tests/test_stats.py), its level holds at any number of runs."""
+    import itertools
+
+    x, y = np.atleast_2d(np.asarray(x, np.float64)), np.atleast_2d(np.asarray(y, np.float64))
+    nx, ny, T = x.shape[0], y.shape[0], x.shape[1]
+    pooled = np.concatenate([x, y]).T  # [T, n]
+    n = nx + ny
+    observed = abs(float(_p_greater(x.T, y.T).mean()) - 0.5)
+    if T == 1 and math.comb(n, nx) <= reps:
+        idx = np.array(list(itertools.combinations(range(n), nx)))  # [K, nx]
+        rest = np.array([[j for j in range(n) if j not in set(row)] for row in idx])
+        stat = np.abs(_p_greater(pooled[0][idx], pooled[0][rest]) - 0.5)
+        return float(np.mean(stat >= observed - 1e-12))
+    rng = np.random.default_rng(seed)
+    perm = np.argsort(rng.random((reps, T, n)), axis=-1)  # a permutation per replicate and task
+    z = np.take_along_axis(np.broadcast_to(pooled, (reps, T, n)), perm, axis=-1)
+    stat = np.abs(_p_greater(z[..., :nx], z[..., nx:]).mean(-1) - 0.5)
+    return float((1 + np.sum(stat >= observed - 1e-12)) / (1 + reps))
 
 
 # ---- compute curves (ScaleRL) --------------------------------------------------------------------------------------
