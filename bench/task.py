@@ -75,6 +75,9 @@ class Task(L.LightningDataModule):
     description: ClassVar[str] = ""
     hub_dataset: ClassVar[str | None] = None
     """Public hub dataset id the task can load from when online (named in missing-data errors)."""
+    rl_only: ClassVar[tuple[str, ...]] = ()
+    """Config keys that change only what RL is rewarded with, not the demonstrations (chain's ``reward``): the SFT
+    warm start is shared across their values, trained at their defaults (``sft_task``)."""
 
     def __init__(
         self,
@@ -291,3 +294,16 @@ class _Stream(IterableDataset):
             random.Random(f"{self.seed}-{epoch}").shuffle(order)
             yield [self.items[i] for i in order[j * self.batch : (j + 1) * self.batch]]
             k += 1
+
+
+def sft_task(task_cfg) -> dict:
+    """The task section an SFT warm start is trained with: ``task_cfg`` with the task's ``rl_only`` keys at their
+    defaults, so that variants differing only in them share one warm start (and one cache entry)."""
+    from omegaconf import OmegaConf
+
+    from bench.registry import TASKS
+
+    cls = TASKS.get(task_cfg.name)
+    out = OmegaConf.to_container(task_cfg) if not isinstance(task_cfg, dict) else dict(task_cfg)
+    defaults = cls.Config()
+    return out | {k: getattr(defaults, k) for k in cls.rl_only}

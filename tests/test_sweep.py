@@ -120,6 +120,33 @@ def test_report_labels_show_only_the_axes_that_vary_for_an_algorithm(tmp_path):
     ]
 
 
+def test_named_variants_run_an_algorithm_with_overrides_under_their_own_name(tmp_path):
+    """variants: {grpo_partial: {algorithm: grpo, overrides: [task.reward=partial]}} on the algorithm axis: its cells
+    run GRPO with the override, are labelled grpo_partial in the report, and share GRPO's SFT warm start (chain's
+    task.reward is RL-only: the warm start is trained at its default)."""
+    from bench.run.report import variants
+    from bench.task import sft_task
+
+    p = write_sweep(
+        tmp_path,
+        "named",
+        {"algorithm": ["grpo", "grpo_partial"], "task": ["chain"], "seed": [0]},
+        variants={"grpo_partial": {"algorithm": "grpo", "overrides": ["task.reward=partial"]}},
+    )
+    _, cells = load_plan(str(p))
+    by = {c.axes["algorithm"]: c for c in cells}
+    assert by["grpo_partial"].cfg.algorithm.name == "grpo" and by["grpo_partial"].cfg.task.reward == "partial"
+    assert by["grpo"].cfg.task.reward == "outcome" and by["grpo"].id != by["grpo_partial"].id
+    assert sorted(variants(cells).values()) == ["grpo", "grpo_partial"]
+    assert by["grpo_partial"].name == "chain-grpo_partial-s0"
+    assert sft_task(by["grpo"].cfg.task) == sft_task(by["grpo_partial"].cfg.task)
+    assert sft_task(by["grpo_partial"].cfg.task)["reward"] == "outcome"
+    bad = write_sweep(tmp_path, "named_bad", {"algorithm": ["grpo_p"]},
+                      variants={"grpo_p": {"algorithm": "grpoo", "overrides": []}})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"unknown algorithm 'grpoo'.*Did you mean 'grpo'"):
+        load_plan(str(bad))
+
+
 def test_plan_rejects_a_bad_axis_key_naming_the_axis(tmp_path):
     p = write_sweep(tmp_path, "bad", {"algorithm": ["grpo"], "algorithm.clip_eps_hihg": [0.2]})
     with pytest.raises(ConfigError, match=r"axis 'algorithm.clip_eps_hihg' is not a config key.*clip_eps_high"):

@@ -41,6 +41,7 @@ from omegaconf.errors import OmegaConfBaseException
 from bench import ROOT
 from bench.config import CONF, ConfigError, compose, config_hash, omegaconf_message, to_yaml
 from bench.registry import RegistryError, did_you_mean
+from bench.task import sft_task
 from bench.tracking import WARM_START_EXPERIMENT, ensure_experiment, open_client, tracking_uri
 
 # Keys that do not change what a cell computes: left out of its identity.
@@ -101,6 +102,14 @@ class ReportSpec:
 
 
 @dataclass
+class Variant:
+    algorithm: str = "???"
+    """The algorithm file (algorithms/<name>.py) the variant runs."""
+    overrides: list[str] = field(default_factory=list)
+    """key=value applied to the variant's cells after the algorithm's own overrides."""
+
+
+@dataclass
 class SweepSpec:
     name: str = ""
     description: str = ""
@@ -113,6 +122,10 @@ class SweepSpec:
     algorithm_overrides: dict[str, list[str]] = field(default_factory=dict)
     """Algorithm -> key=value applied to its cells only, after the shared overrides (e.g. gtpo: the normalisation
     and dynamic sampling its comparison needs)."""
+    variants: dict[str, Variant] = field(default_factory=dict)
+    """Named variants, usable as values of the algorithm axis: name -> an algorithm and overrides applied to its cells
+    after the algorithm's own (e.g. grpo_partial: GRPO rewarded with the partial score). The report labels its rows
+    with the name."""
     experiment: str | None = None
     """MLflow experiment; None: sweep-<name>."""
     launcher: str = "local"
@@ -207,8 +220,11 @@ def plan(spec: SweepSpec, extra: list[str] = ()) -> list[Cell]:
         axes = dict(zip(keys, values, strict=True))
         if any(all(_matches(axes.get(k), v) for k, v in ex.items()) for ex in spec.exclude):
             continue
-        args = [_arg(k, v) for k, v in axes.items() if k in SELECTOR_AXES]
-        args += list(spec.overrides) + list(spec.algorithm_overrides.get(str(axes.get("algorithm")), []))
+        variant = spec.variants.get(str(axes.get("algorithm")))
+        selected = {**axes, "algorithm": variant.algorithm} if variant else axes
+        args = [_arg(k, v) for k, v in selected.items() if k in SELECTOR_AXES]
+        args += list(spec.overrides) + list(spec.algorithm_overrides.get(str(selected.get("algorithm")), []))
+        args += list(variant.overrides) if variant else []
         args += [_arg(k, v) for k, v in axes.items() if k not in SELECTOR_AXES] + list(extra)
         try:
             cfg = compose(args)
@@ -511,8 +527,8 @@ class Sweep:
                 for c in todo:
                     if c.cfg.init == "sft":
                         key = config_hash(  # what ensure_sft's cache key depends on
-                            {k: c.cfg[k] for k in ("seed", "model", "task", "warm_start")}
-                            | {"max_new_tokens": c.cfg.rollout.max_new_tokens}
+                            {k: c.cfg[k] for k in ("seed", "model", "warm_start")}
+                            | {"task": sft_task(c.cfg.task), "max_new_tokens": c.cfg.rollout.max_new_tokens}
                         )
                         need.setdefault(key, paths[c.id])
                 if need:

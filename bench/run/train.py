@@ -28,7 +28,7 @@ from bench import ROOT
 from bench.config import ConfigError, compose, config_hash, flatten, to_yaml
 from bench.engine.policy import Reference, load_policy
 from bench.registry import ALGORITHMS, TASKS
-from bench.task import Task
+from bench.task import Task, sft_task
 from bench.tracking import WARM_START_EXPERIMENT, BenchLogger, artifact_root, git_commit, tracking_uri
 
 
@@ -152,7 +152,8 @@ def ensure_sft(cfg: DictConfig) -> Path:
     config is cached, trained otherwise."""
     sft = compose([f"model={cfg.model.name}", f"task={cfg.task.name}", "algorithm=sft"])
     OmegaConf.set_readonly(sft, False)
-    keep = {k: cfg[k] for k in ("seed", "model", "task", "tracking", "eval", "output_dir", "cache_dir")}
+    keep = {k: cfg[k] for k in ("seed", "model", "tracking", "eval", "output_dir", "cache_dir")}
+    keep["task"] = sft_task(cfg.task)  # keys that change only the RL reward at their defaults: one shared warm start
     sft = OmegaConf.merge(
         sft,
         keep,
