@@ -119,12 +119,18 @@ class QueryResult:
     rows: tuple[tuple, ...] = ()
     error: str | None = None
     steps: int = 0
+    transient: bool = False
+    """The failure may not recur: a wall-clock timeout (the machine may be loaded) or a worker that crashed; a step
+    budget, a row cap or an SQL error are deterministic."""
 
 
 def _norm_value(v: Any) -> Any:
     if isinstance(v, float) and math.isfinite(v):
         return float(f"{v:.{FLOAT_DIGITS}g}")
     return v
+
+
+TIMED_OUT = "timed out"
 
 
 def execute(db_path: str | Path, sql: str, limits: Limits = DEFAULT_LIMITS) -> QueryResult:
@@ -144,7 +150,7 @@ def execute(db_path: str | Path, sql: str, limits: Limits = DEFAULT_LIMITS) -> Q
             stopped.append(f"over the step budget of {limits.max_vm_steps} VM steps")
             return 1
         if time.monotonic() > deadline:
-            stopped.append(f"over the {limits.timeout_s}s time limit")
+            stopped.append(TIMED_OUT)
             return 1
         return 0
 
@@ -164,6 +170,9 @@ def execute(db_path: str | Path, sql: str, limits: Limits = DEFAULT_LIMITS) -> Q
         return QueryResult(columns, tuple(rows), None, calls * PROGRESS_EVERY)
     except (sqlite3.Error, ValueError, OverflowError, MemoryError, RecursionError) as e:
         reason = stopped[0] if stopped else f"{type(e).__name__}: {e}"
+        if reason == TIMED_OUT:
+            reason = f"over the {limits.timeout_s}s time limit"
+            return QueryResult(error=reason, steps=calls * PROGRESS_EVERY, transient=True)
         return QueryResult(error=reason[:200], steps=calls * PROGRESS_EVERY)
     finally:
         conn.close()
@@ -177,9 +186,18 @@ HEAP_LIMIT_MB = 512
 """SQLite's hard heap limit in a worker (sorts and temporary tables live in memory, under this bound)."""
 WORKER_MEMORY_MB = 2048
 """Address-space limit of a worker process (the heap limit above, a result of MAX_RESULT_CHARS, Python itself)."""
-TEMP_DIR = Path(tempfile.mkdtemp(prefix="creditbench-sqlite-"))
-"""SQLITE_TMPDIR of the workers: stays empty (temp_store = MEMORY, RLIMIT_FSIZE = 0)."""
-atexit.register(shutil.rmtree, TEMP_DIR, True)
+_TEMP_DIR: Path | None = None
+
+
+def temp_dir() -> Path:
+    """SQLITE_TMPDIR of the workers: stays empty (temp_store = MEMORY, RLIMIT_FSIZE = 0). Created once by the process
+    that starts the workers, on first use, and removed at its exit; a worker imports this module but never creates
+    one (a killed worker runs no exit handler, so one made at import was left behind by every restart)."""
+    global _TEMP_DIR
+    if _TEMP_DIR is None or not _TEMP_DIR.is_dir():
+        _TEMP_DIR = Path(tempfile.mkdtemp(prefix="creditbench-sqlite-"))
+        atexit.register(shutil.rmtree, _TEMP_DIR, True)
+    return _TEMP_DIR
 
 
 def _encode(v: Any) -> Any:
@@ -213,7 +231,8 @@ def serve() -> None:
             limit_cpu(req["cpu"])
             res = execute(req["db"], req["sql"], Limits(*req["limits"]))
             rows = [[_encode(v) for v in row] for row in res.rows]
-            send({"status": "ok", "columns": res.columns, "rows": rows, "error": res.error, "steps": res.steps})
+            send({"status": "ok", "columns": res.columns, "rows": rows, "error": res.error, "steps": res.steps,
+                  "transient": res.transient})  # fmt: skip
         except BaseException as e:  # MemoryError under the address-space limit, ...
             send({"status": "error", "error": f"{type(e).__name__}: {e}"[:200]})
 
@@ -225,7 +244,7 @@ def _command(memory_mb: int) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "SQLITE_TMPDIR": str(TEMP_DIR)}
+    return {**os.environ, "SQLITE_TMPDIR": str(temp_dir())}
 
 
 POOL = SharedPool(_command, "sqlite", max_workers=2, memory_mb=WORKER_MEMORY_MB, env=_env)
@@ -243,8 +262,9 @@ def run(db_path: str | Path, sql: str, limits: Limits = DEFAULT_LIMITS) -> Query
     status = reply.get("status")
     if status == "ok":
         rows = tuple(tuple(_decode(v) for v in row) for row in reply["rows"])
-        return QueryResult(reply["columns"], rows, reply["error"], reply["steps"])
+        return QueryResult(reply["columns"], rows, reply["error"], reply["steps"], reply.get("transient", False))
     if status == "timeout":
         waited = time.monotonic() - t0
-        return QueryResult(error=f"over the {limits.timeout_s}s time limit (worker killed after {waited:.1f} s)")
-    return QueryResult(error=f"worker {status}: {reply.get('error', 'no reply')}"[:200])
+        return QueryResult(error=f"over the {limits.timeout_s}s time limit (worker killed after {waited:.1f} s)",
+                           transient=True)  # fmt: skip
+    return QueryResult(error=f"worker {status}: {reply.get('error', 'no reply')}"[:200], transient=True)

@@ -207,9 +207,21 @@ def is_ordered(gold_sql: str) -> bool:
 # ---- sandboxed execution ------------------------------------------------------------------------------------------
 
 
+def strip_empty_statements(sql: str) -> str:
+    """``sql`` without the empty statements at its end: ``SELECT 1;;`` and ``SELECT 1 ; ;`` are one statement (SQLite
+    refuses a second one, even empty). Anything after the first statement that is not empty stays and is refused.
+    Linear time (no regex that could backtrack over a long run of blanks)."""
+    end = len(sql)
+    while end and (sql[end - 1].isspace() or sql[end - 1] == ";"):
+        end -= 1
+    return sql[:end]
+
+
 def run_query(db_path: str | Path, sql: str, limits: Limits = DEFAULT_LIMITS) -> QueryResult:
     """Execute one statement in the sandbox (bench/sqlite_sandbox.py: a killable worker process, so the time limit
-    holds for any query) and return its normalised rows, or the reason it failed. Never raises on hostile SQL."""
+    holds for any query) and return its normalised rows, or the reason it failed. Never raises on hostile SQL.
+    Trailing empty statements (``;;``) are dropped first."""
+    sql = strip_empty_statements(sql)
     if len(sql) > limits.max_query_chars:
         return QueryResult(error=f"query longer than {limits.max_query_chars} chars")
     if paren_depth(sql) > MAX_PAREN_DEPTH:
@@ -231,13 +243,26 @@ GOLD_CACHE_SIZE = 20_000
 """Entries kept (Spider dev + train is ~7.7k distinct queries); the cache is cleared when it would overflow."""
 
 
+GOLD_ATTEMPTS = 2
+"""A gold query whose failure may not recur (a wall-clock timeout on a loaded machine, a crashed worker) is run again
+up to this many times in all; a failure that remains is returned but not cached, so a later call tries again."""
+
+
 def gold_result(db_path: str | Path, gold_sql: str, limits: Limits = DEFAULT_LIMITS) -> GoldResult:
-    """The gold query's result under the same limits, cached in-process per (database, query, limits)."""
+    """The gold query's result under the same limits, cached in-process per (database, query, limits). Results and
+    deterministic failures (SQL errors, the step budget, the row cap) are cached; transient ones are retried, never
+    cached (one crash must not make an example score 0, even for its gold, for the rest of the process)."""
     key = (str(db_path), gold_sql, limits)
     hit = _GOLD_CACHE.get(key)
     if hit is not None:
         return hit
-    value = GoldResult(run_query(db_path, gold_sql, limits), is_ordered(gold_sql))
+    for _ in range(GOLD_ATTEMPTS):
+        result = run_query(db_path, gold_sql, limits)
+        if not result.transient:
+            break
+    value = GoldResult(result, is_ordered(gold_sql))
+    if result.transient:
+        return value
     with _GOLD_LOCK:
         if len(_GOLD_CACHE) >= GOLD_CACHE_SIZE:
             _GOLD_CACHE.clear()
@@ -259,6 +284,12 @@ def results_match(pred: QueryResult, gold: QueryResult, ordered: bool) -> bool:
 
 
 # ---- reward -------------------------------------------------------------------------------------------------------
+
+
+def reward_time_bound_s(limits: Limits = DEFAULT_LIMITS) -> float:
+    """Wall seconds one ``reward`` call may take on any completion, with warm workers: the predicted query once and
+    (uncached) the gold up to GOLD_ATTEMPTS times, each killed after ``timeout_s`` + KILL_GRACE_S, plus parsing."""
+    return (1 + GOLD_ATTEMPTS) * (limits.timeout_s + KILL_GRACE_S) + 0.5
 
 
 def reward(example: Example, completion: str, limits: Limits = DEFAULT_LIMITS) -> RewardResult:
@@ -567,8 +598,7 @@ class TextToSQL(Task):
         return f"{example.data['db_id']}| {example.question}"[: self.cfg.plain_prompt_chars] + "\n"
 
     def reward_time_bound_s(self) -> float:
-        # the predicted query and (uncached) the gold, each killed after timeout_s + the grace; parsing ~0.1 s
-        return 2 * (self.limits.timeout_s + KILL_GRACE_S) + 0.5
+        return reward_time_bound_s(self.limits)
 
     def reward(self, example: Example, completion: str) -> RewardResult:
         return reward(example, completion, self.limits)
