@@ -15,10 +15,16 @@ gold answers is an integer (3 train and 2 test ones negative, 93 written with th
 Reward in one sentence: 1.0 iff the number written right after the LAST ``####`` of the completion equals the gold
 answer as an exact rational number (``18``, ``18.0``, ``$18`` and ``18.`` are all 18), else 0.0.
 
-version = "2"
+version = "3"
     1: initial version (strict ``####`` score; strict/lenient/format components; hash-chosen val rows).
     2: strict: ``#### **18**`` (markdown emphasis) is 18; ``#### 1e3``, ``#### 3 1/2``, ``#### 5:30`` are no answer
        (version 1 read 1, 3 and 5).
+    3: ``1 000`` with a no-break, narrow no-break or thin space (U+00A0, U+202F, U+2009) between valid 3-digit groups
+       is 1000, strict and lenient (version 2 read 1); strict: ``#### 18**2`` (a power), ``#### 5h30``,
+       ``#### 5 : 30`` and ``#### 3 ½`` (a vulgar-fraction character, also glued: ``3½``) are no answer (version 2
+       read 18, 5, 5 and 3); emphasis with blanks inside (``#### ** 18 **``), a currency sign before it
+       (``#### $**18**``) and a code span (``#### `18```) are read through: 18 (version 2: no answer). An ASCII
+       space between groups (``#### 1 000``) stays no answer: it cannot be told from ``3 1/2`` or a list.
 
 Answer format (the instructed, "strict" format): reason step by step, then a final line ``#### <number>``, e.g.
 ``#### 18``. Components, logged side by side as the field notes ask ("a strict GSM8K scorer that demands ``####``
@@ -32,7 +38,8 @@ gives 0 to models that do not write it; report strict and lenient accuracy side 
 
 Numbers (``parse_number``; one regex, NUMBER_RE, shared by gold, strict and lenient extraction):
 
-- ASCII digits, optional thousands commas in valid 3-digit groups (``1,000`` and ``1,234,567``), optional decimal
+- ASCII digits, optional thousands separators in valid 3-digit groups, one kind per number: commas (``1,000``,
+  ``1,234,567``) or a no-break, narrow no-break or thin space (``1\u00a0000``; an ASCII space is not one), optional decimal
   part (``18.0``, ``.5``, ``1,000.50``); a run of digits, commas and dots that is not one such number (``1,00``,
   ``1,0000``, ``1.2.3``, a list written without spaces ``3,4,5``) is no number at all, not several;
 - an optional sign ``-``, ``+`` or U+2212 ``−`` and an optional currency prefix ``$ € £`` in either order
@@ -101,29 +108,38 @@ PROMPT_FORMAT = "#### <number>"
 # or a bare decimal part (".5"). ASCII digits only: str.isdigit / \d would accept fullwidth and Arabic-Indic digits.
 _NUMBER_BODY = (
     r"(?P<pre>[-+\u2212][$\u20ac\u00a3]?|[$\u20ac\u00a3][-+\u2212]?)?"
-    r"(?P<digits>(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+)"
+    r"(?P<digits>(?:[0-9]{1,3}(?P<sep>[,\u00a0\u202f\u2009])[0-9]{3}(?:(?P=sep)[0-9]{3})*|[0-9]+)(?:\.[0-9]+)?"
+    r"|\.[0-9]+)"
 )
 # Not glued to a preceding digit, dot or "digit," nor followed by a digit group: a run such as "1.2.3", "1,0000" or
 # "1,2,3" is not a number at all (no piece of it is read), while "18." ends a sentence and "18," a clause. Starting
 # only at the beginning of a digit/comma run also keeps the scan linear: a match may start inside a run like
 # "0,000,000,...0" only there, not after each comma (which made 100 kB of comma groups quadratic).
-NUMBER_RE = re.compile(r"(?<![0-9.])(?<![0-9],)" + _NUMBER_BODY + r"(?![0-9]|[.,][0-9])")
+NUMBER_RE = re.compile(
+    r"(?<![0-9.])(?<![0-9][,\u00a0\u202f\u2009])" + _NUMBER_BODY + r"(?![0-9]|[.,\u00a0\u202f\u2009][0-9])"
+)
 _FULL_NUMBER_RE = re.compile(r"\s*" + _NUMBER_BODY + r"(?![0-9]|[.,][0-9])\s*%?\.?\s*")
 # After the last "####": horizontal whitespace, the number, and no "<op> <number>" right after it ("#### 3+15").
 # NOTE(deviation): "#### 3+15" or "#### 20 - 2" is an expression, not an answer (the reference reads 3 and 20).
-_NOT_AN_EXPRESSION = r"(?![ \t]*[-+*/^=\u00d7\u00f7\u2212\u2013][ \t]*[0-9.$])"
+_NOT_AN_EXPRESSION = r"(?![ \t]*(?:\*\*[ \t]*[0-9]|[-+*/^=\u00d7\u00f7\u2212\u2013][ \t]*[0-9.$]))"
 # NOTE(deviation): nor is the first piece of a longer numeric form read as the answer (the reference reads the leading
 # digits): scientific notation "#### 1e3" (not 1, and not 1000: no gold is written so), a mixed number "#### 3 1/2"
-# (not 3), a time or ratio "#### 5:30" (not 5). All three score strict 0: every GSM8K gold is a plain integer.
-_NOT_A_PIECE = r"(?![eE][-+]?[0-9]|:[0-9]|[ \t]+[0-9])"
-# Markdown emphasis around the number ("#### **18**", "#### *18*", "#### __18__") is read through: a common habit of
-# chat models, with the same closing marker required (the opening one alone is not emphasis).
+# or "#### 3 ½" (not 3), a time or ratio "#### 5:30", "#### 5 : 30", "#### 5h30" (not 5), digits after a blank
+# ("#### 1 000": not 1). All score strict 0: every GSM8K gold is a plain integer.
+_VULGAR_FRACTIONS = "\u00bc-\u00be\u2150-\u215e"
+_NOT_A_PIECE = (
+    r"(?![eE][-+]?[0-9]|[ \t]*:[ \t]*[0-9]|[hH][0-9]|[ \t\u00a0\u202f\u2009]+[0-9]"
+    rf"|[ \t\u00a0]*[{_VULGAR_FRACTIONS}])"
+)
+# Markdown emphasis or a code span around the number ("#### **18**", "#### *18*", "#### __18__", "#### `18`", with
+# blanks inside: "#### ** 18 **"; a currency sign before it: "#### $**18**") is read through: a common habit of chat
+# models, with the same closing marker required (the opening one alone is not emphasis).
 _AFTER_MARK_RE = re.compile(
-    r"[ \t\u00a0]*(?P<em>\*\*|\*|__)?(?P<num>"
+    r"[ \t\u00a0]*(?:[$\u20ac\u00a3](?=\*|_|`))?(?P<em>\*\*|\*|__|`)?(?(em)[ \t]*)(?P<num>"
     + _NUMBER_BODY
     + r")(?![0-9]|[.,][0-9])"
     + _NOT_A_PIECE
-    + r"(?(em)(?P=em))"
+    + r"(?(em)[ \t]*(?P=em))"
     + _NOT_AN_EXPRESSION
 )
 _ANNOTATION_RE = re.compile(r"<<[^<>]*>>")
@@ -136,7 +152,7 @@ def _to_fraction(pre: str | None, digits: str) -> Fraction | None:
     """Exact value of a matched number; None when the string is absurdly long."""
     if len(digits) + len(pre or "") > MAX_NUMBER_CHARS:
         return None
-    value = Fraction(digits.replace(",", ""))  # Fraction parses "18.0", ".5", "1000.50" exactly
+    value = Fraction(re.sub("[,\u00a0\u202f\u2009]", "", digits))  # Fraction parses "18.0", ".5", "1000.50" exactly
     return -value if pre and ("-" in pre or "\u2212" in pre) else value
 
 
@@ -285,7 +301,7 @@ class Gsm8kConfig(TaskConfig):
 
 class Gsm8k(Task):
     Config = Gsm8kConfig
-    version = "2"
+    version = "3"
     description = "Grade-school math word problems; final line '#### <number>' (GSM8K, Cobbe et al. 2021)."
     hub_dataset = "openai/gsm8k"
 

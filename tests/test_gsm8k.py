@@ -180,6 +180,25 @@ EXTRACT_CASES = [
     ("**#### 18**", "18", "18"),  # the whole line in bold
     ("#### **18", None, "18"),  # an unclosed marker is not emphasis
     ("#### **18*", None, "18"),
+    # version 3: typographic thousands spaces; powers, times and vulgar fractions are no answer; emphasis with blanks,
+    # a currency sign before emphasis and code spans are read through
+    ("#### 1\u00a0000", "1\u00a0000", "1\u00a0000"),
+    ("#### 1\u202f000", "1\u202f000", "1\u202f000"),
+    ("#### 1\u2009000\u2009000", "1\u2009000\u2009000", "1\u2009000\u2009000"),
+    ("#### 1\u00a00000", None, None),  # not a valid group: no number at all, as "1,0000"
+    ("#### 1 000", None, "000"),  # an ASCII space is not a separator: "3 1/2" and lists look the same
+    ("#### 18**2", None, "2"),
+    ("#### 18 ** 2", None, "2"),
+    ("#### ** 18 **", "18", "18"),
+    ("#### * 18 *", "18", "18"),
+    ("#### $**18**", "18", "18"),
+    ("#### `18`", "18", "18"),
+    ("#### ` 18 `", "18", "18"),
+    ("#### `18", None, "18"),
+    ("#### 5h30", None, "30"),
+    ("#### 5 : 30", None, "30"),
+    ("#### 3 \u00bd", None, "3"),
+    ("#### 3\u00bd", None, "3"),
     ("The answer is 18.", None, "18"),
     ("The answer is $18.", None, "$18"),
     ("It costs 1,000 and then 2,5", None, "1,000"),
@@ -247,7 +266,37 @@ REWARD_CASES = [
     # version 2 decisions, each against the gold the version-1 reading matched (gold 18 here; see test_v2_decisions)
     ("bold", "#### **18**", 1.0, 1.0, 1.0),
     ("bold_with_period", "So she makes **#### 18**.", 1.0, 1.0, 1.0),
+    # version 3 (gold 18; see test_v3_decisions for the golds version 2 matched wrongly)
+    ("bold_spaced", "#### ** 18 **", 1.0, 1.0, 1.0),
+    ("currency_then_bold", "#### $**18**", 1.0, 1.0, 1.0),
+    ("code_span", "The total is:\n#### `18`", 1.0, 1.0, 1.0),
 ]
+
+
+V3_CASES = [  # (completion, gold, scores 1 against it, what version 2 read)
+    ("#### 1\u00a0000", "1000", True, "1"),
+    ("#### 1\u202f000", "1000", True, "1"),
+    ("#### 1\u2009000", "1000", True, "1"),
+    ("#### 18**2", "324", False, "18"),
+    ("#### 5h30", "330", False, "5"),
+    ("#### 5 : 30", "330", False, "5"),
+    ("#### 3 \u00bd", "3", False, "3"),
+    ("#### ** 18 **", "18", True, None),
+    ("#### $**18**", "18", True, None),
+    ("#### `18`", "18", True, None),
+]
+
+
+@pytest.mark.parametrize(("completion", "gold", "right", "v2_read"), V3_CASES, ids=[repr(c[0]) for c in V3_CASES])
+def test_v3_decisions(completion, gold, right, v2_read) -> None:
+    """Version 3 (the independent check of issue 30): each completion scores against the gold it means, not against
+    the leading piece version 2 read (``v2_read``); a power, a time or a vulgar fraction is no answer (format 0)."""
+    r = reward(Example("v3", "q", gold), completion)
+    assert r.score == float(right), (completion, r)
+    if v2_read is not None:
+        assert reward(Example("v3", "q", v2_read), completion).score == 0.0
+    if not right:
+        assert r.components["format"] == 0.0, r
 
 
 @pytest.mark.parametrize(
@@ -273,7 +322,7 @@ def test_reward_table(completion: str, score: float, lenient: float, fmt: float)
     assert res.components["strict"] == res.score, f"strict component != score: {res.components}"
     assert set(res.components) == {"strict", "lenient", "format"}, f"components: {res.components}"
     assert isinstance(res.info["reason"], str) and res.info["reason"], f"missing reason: {res.info}"
-    assert elapsed < 0.5, f"reward took {elapsed:.3f}s"
+    assert elapsed < Gsm8k(Gsm8kConfig()).reward_time_bound_s(), f"reward took {elapsed:.3f}s"  # the contract bound
 
 
 def test_reward_info() -> None:
@@ -418,7 +467,7 @@ def test_prompts() -> None:
 
 def test_version_and_metadata() -> None:
     """version, description and hub id are set; the reward method is the module-level reward."""
-    assert Gsm8k.version == "2" and Gsm8k.description and Gsm8k.hub_dataset == "openai/gsm8k"
+    assert Gsm8k.version == "3" and Gsm8k.description and Gsm8k.hub_dataset == "openai/gsm8k"
     task = Gsm8k(Gsm8kConfig())
     for completion in ("#### 18", "#### 17", "18", ""):
         assert task.reward(EX, completion) == reward(EX, completion), completion
