@@ -39,8 +39,8 @@ gives 0 to models that do not write it; report strict and lenient accuracy side 
 Numbers (``parse_number``; one regex, NUMBER_RE, shared by gold, strict and lenient extraction):
 
 - ASCII digits, optional thousands separators in valid 3-digit groups, one kind per number: commas (``1,000``,
-  ``1,234,567``) or a no-break, narrow no-break or thin space (``1\u00a0000``; an ASCII space is not one), optional decimal
-  part (``18.0``, ``.5``, ``1,000.50``); a run of digits, commas and dots that is not one such number (``1,00``,
+  ``1,234,567``) or a no-break, narrow no-break or thin space (``1\u00a0000``; an ASCII space is not one), optional
+  decimal part (``18.0``, ``.5``, ``1,000.50``); a run of digits, commas and dots that is not one such number (``1,00``,
   ``1,0000``, ``1.2.3``, a list written without spaces ``3,4,5``) is no number at all, not several;
 - an optional sign ``-``, ``+`` or U+2212 ``−`` and an optional currency prefix ``$ € £`` in either order
   (``-$5``, ``$-5``);
