@@ -75,6 +75,10 @@ class Task(L.LightningDataModule):
     description: ClassVar[str] = ""
     hub_dataset: ClassVar[str | None] = None
     """Public hub dataset id the task can load from when online (named in missing-data errors)."""
+    verified_component: ClassVar[str | None] = None
+    """The reward component that is 1 when a completion got past the format checks to the verifier (a query that
+    ran, an expression that parsed, a box math-verify was given); None when every completion reaches it (ROUGE).
+    The contract's fuzz test must reach it with the well-formed answers it generates."""
     rl_only: ClassVar[tuple[str, ...]] = ()
     """Config keys that change only what RL is rewarded with, not the demonstrations (chain's ``reward``): the SFT
     warm start is shared across their values, trained at their defaults (``sft_task``)."""

@@ -141,6 +141,7 @@ class Chain(Task):
     Config = ChainConfig
     version = "2"
     description = "Credit-horizon probe: K letter-to-digit lookups in one completion, rewarded only when all are right"
+    verified_component = "format"
     rl_only = ("reward",)  # the demonstrations do not depend on it: outcome and partial share one SFT warm start
 
     cfg: ChainConfig

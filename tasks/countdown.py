@@ -415,6 +415,7 @@ class Countdown(Task):
     Config = CountdownConfig
     version = "2"
     description = "Reach a target with + - * / using each given number exactly once (TinyZero Countdown)."
+    verified_component = "format"
 
     cfg: CountdownConfig
 

@@ -73,6 +73,7 @@ class Delay(Task):
     Config = DelayConfig
     version = "1"
     description = "Credit probe: one rewarded digit among L random filler letters (knob L, decision at start or end)"
+    verified_component = "format"
 
     cfg: DelayConfig
 

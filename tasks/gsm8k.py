@@ -303,6 +303,7 @@ class Gsm8k(Task):
     Config = Gsm8kConfig
     version = "3"
     description = "Grade-school math word problems; final line '#### <number>' (GSM8K, Cobbe et al. 2021)."
+    verified_component = "format"
     hub_dataset = "openai/gsm8k"
 
     cfg: Gsm8kConfig

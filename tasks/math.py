@@ -397,6 +397,7 @@ class Math(Task):
     Config = MathConfig
     version = "1"
     description = "MATH competition problems, last \\boxed{} answer checked with math-verify; eval on MATH-500."
+    verified_component = "format"
     hub_dataset = "HuggingFaceH4/MATH-500"
 
     cfg: MathConfig

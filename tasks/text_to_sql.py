@@ -517,6 +517,7 @@ class TextToSQL(Task):
     Config = TextToSQLConfig
     version = "1"
     description = "Spider text-to-SQL: one SQLite query per question, scored by sandboxed execution match."
+    verified_component = "executes"
     hub_dataset = None
     """No hub fallback: the hub's xlangai/spider has the questions but not the SQLite databases the reward runs on."""
 

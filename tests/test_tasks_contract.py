@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from pathlib import Path
 
@@ -101,34 +102,127 @@ def _completions(gold: str | None):
     return st.one_of(st.text(max_size=300), spliced, repeated)
 
 
-def _databases(task) -> dict[Path, str]:
-    paths = {Path(ex.answer["db_path"]) for ex in task.eval_examples() if isinstance(ex.answer, dict)
-             and "db_path" in ex.answer}  # fmt: skip
-    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(paths)}
+# Well-formed answers: the gold completion with its answer span (Task.answer_span) edited token by token, so that what
+# is generated still parses and reaches the task's verifier (a query that runs, an expression that parses, LaTeX that
+# math-verify reads): numbers replaced by other numbers (huge, negative, fractional), an operator by another of its
+# kind, a name by another name of the same answer, a token dropped or repeated.
+_TOKEN = re.compile(
+    r"\d+(?:\.\d+)?|\\[A-Za-z]+|[A-Za-z_]+(?:\d+[A-Za-z_]+)*|<=|>=|!=|<>|\*\*|[-+*/^<>=]|\s+|.", re.DOTALL
+)
+NUMBERS = [*"0123456789", "12", "100", "2147483647", "99999999999999999999", "0.5", "3.25", "1000000"]
+OPERATOR_KINDS = [["+", "-", "*", "/"], ["<", ">", "=", "<=", ">=", "!="]]
+
+
+def _is_name(t: str) -> bool:
+    return t[0].isalpha() or t[0] in "_\\"
+
+
+def _edit(tokens: list[str], op: tuple[str, int, int]) -> list[str]:
+    """One edit of ``kind`` on the ``i``-th token it applies to (modulo their number); ``j`` picks the replacement
+    among those that differ from the token. No token of the kind: unchanged."""
+    kind, i, j = op
+    where = [k for k, t in enumerate(tokens) if {
+        "number": t[0].isdigit(),
+        "operator": any(t in ops for ops in OPERATOR_KINDS),
+        "name": _is_name(t),
+        "drop": not t.isspace(),
+        "repeat": not t.isspace(),
+    }[kind]]  # fmt: skip
+    if not where:
+        return tokens
+    k = where[i % len(where)]
+    t, out = tokens[k], list(tokens)
+    if kind == "drop":
+        del out[k]
+        return out
+    if kind == "repeat":
+        out.insert(k, t)
+        return out
+    if kind == "number":
+        options = NUMBERS
+    elif kind == "operator":
+        options = next(ops for ops in OPERATOR_KINDS if t in ops)
+    else:
+        options = sorted({x for x in tokens if _is_name(x)})
+    options = [o for o in options if o != t] or [t]
+    out[k] = options[j % len(options)]
+    return out
+
+
+def _well_formed(task, gold: str):
+    """Completions that keep the gold's shape: its answer span edited by 1-3 token edits (see _edit)."""
+    span = task.answer_span(gold) or (0, len(gold))
+    head, body, tail = gold[: span[0]], gold[span[0] : span[1]], gold[span[1] :]
+    tokens = _TOKEN.findall(body)
+    kinds = ["number", "number", "number", "operator", "operator", "name", "drop", "repeat"]  # mostly value edits
+    edit = st.tuples(st.sampled_from(kinds),
+                     st.integers(0, 10_000), st.integers(0, 10_000))  # fmt: skip
+
+    def apply(ops):
+        out = tokens
+        for op in ops:
+            out = _edit(out, op)
+        return head + "".join(out) + tail
+
+    return st.lists(edit, min_size=1, max_size=3).map(apply)
+
+
+def _files(root: Path | None) -> dict[str, str]:
+    """Every file under the data root with its sha256 (databases included): any write or new file shows."""
+    if root is None:
+        return {}
+    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(root.rglob("*")) if f.is_file()}
 
 
 @pytest.mark.parametrize("name", TASKS.names())
-def test_reward_fuzz_never_raises_stays_in_its_time_bound_and_leaves_databases_intact(name):
-    """Hostile completions for every registered task: no exception, a score in [0, 1] (finite), each call within the
-    task's ``reward_time_bound_s``; a task with databases (text-to-SQL) leaves every file byte-identical."""
-    task = loaded(name, num_eval=5)
-    examples = task.eval_examples()[:5]
-    before = _databases(task)
+def test_reward_fuzz_never_raises_stays_in_its_time_bound_and_leaves_data_intact(name):
+    """Hostile and well-formed completions for every registered task: no exception, a score in [0, 1], each call
+    within the task's ``reward_time_bound_s``. The well-formed ones (the gold's answer edited token by token, on 20
+    examples) must reach the verifier (the task's ``verified_component`` is 1) in at least a third of the cases and be
+    judged wrong in some of those: the fuzz tests the checker, not only the format checks. Every file under the data
+    root (each text-to-SQL database among them) is byte-identical afterwards, no file appears there, and the SQL
+    sandbox's temporary directory stays empty."""
+    from bench.sqlite_sandbox import temp_dir
+
+    task = loaded(name, num_eval=20)
+    examples = task.eval_examples()[:20]
+    root = data_root()
+    before = _files(root)
     bound = task.reward_time_bound_s()
     # warm the verifier: the gold goes through it (a worker's start-up is not part of a call's bound)
     task.reward(examples[0], task.gold_completion(examples[0]) or "")
+    golds = [task.gold_completion(ex) for ex in examples]
+    seen: list[tuple[bool, object]] = []
 
-    # derandomized: the same cases on every machine, so CI and a laptop test the same inputs
-    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
-    @given(st.sampled_from(range(len(examples))).flatmap(
-        lambda i: st.tuples(st.just(i), _completions(task.gold_completion(examples[i])))))  # fmt: skip
-    def fuzz(case):
-        i, text = case
+    def check(i: int, text: str, formed: bool) -> None:
         t0 = time.perf_counter()
         res = task.reward(examples[i], text)
         dt = time.perf_counter() - t0
         assert dt < bound, f"{name}: {dt:.2f}s > bound {bound:.2f}s on {text[:60]!r}"
         assert 0.0 <= res.score <= 1.0, (name, text[:60], res)
+        seen.append((formed, res))
 
-    fuzz()
-    assert _databases(task) == before, f"{name}: a database file changed"
+    # derandomized: the same cases on every machine, so CI and a laptop test the same inputs
+    fuzz = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+                    derandomize=True)  # fmt: skip
+    pick = st.sampled_from(range(len(examples)))
+    fuzz(given(pick.flatmap(lambda i: st.tuples(st.just(i), _completions(golds[i]))))(
+        lambda drawn: check(*drawn, formed=False)))()  # fmt: skip
+    usable = [i for i, g in enumerate(golds) if g]
+    if usable:
+        fuzz(given(st.sampled_from(usable).flatmap(lambda i: st.tuples(st.just(i), _well_formed(task, golds[i]))))(
+            lambda drawn: check(*drawn, formed=True)))()  # fmt: skip
+    after = _files(root)
+    assert after.keys() == before.keys(), f"{name}: files appeared or vanished: {set(after) ^ set(before)}"
+    assert after == before, f"{name}: changed: {[f for f in before if after[f] != before[f]]}"
+    sandbox_tmp = temp_dir()
+    assert not any(sandbox_tmp.iterdir()), list(sandbox_tmp.iterdir())
+    comp = type(task).verified_component
+    formed = [r for f, r in seen if f]
+    if comp is None or not any(golds):
+        return
+    reached = [r for r in formed if r.components.get(comp) == 1.0]
+    print(f"{name}: {len(reached)}/{len(formed)} reached {comp}, {sum(r.score < 1 for r in reached)} judged wrong")
+    assert len(formed) >= 15, f"{name}: only {len(formed)} well-formed cases were drawn"
+    assert len(reached) >= len(formed) / 3, f"{name}: {len(reached)}/{len(formed)} well-formed cases reached {comp}"
+    assert any(r.score < 1.0 for r in reached), f"{name}: no well-formed answer reached the verifier and was wrong"
