@@ -56,7 +56,8 @@ def test_task_has_version_and_description(name):
 
 @pytest.mark.parametrize("name", TASKS.names())
 def test_gold_scores_one_and_hostile_scores_zero_quickly(name):
-    """Gold completions score 1 (correct), hostile/garbage/empty completions score 0 within a second each."""
+    """Gold completions score 1 (correct), hostile/garbage/empty completions score 0, each within the task's declared
+    time bound (``reward_time_bound_s``: what its verifier's limits enforce, not a machine speed)."""
     task = loaded(name)
     for ex in task.eval_examples()[:20]:
         gold = task.gold_completion(ex)
@@ -69,7 +70,7 @@ def test_gold_scores_one_and_hostile_scores_zero_quickly(name):
         t0 = time.perf_counter()
         res = task.reward(ex, text)
         dt = time.perf_counter() - t0
-        assert dt < 1.0, f"{name}: {dt:.2f}s on hostile input {text[:30]!r}"
+        assert dt < task.reward_time_bound_s(), f"{name}: {dt:.2f}s on hostile input {text[:30]!r}"
         assert not task.is_correct(res) and res.score < 0.5, (name, text[:30], res.score)
 
 
