@@ -6,7 +6,10 @@
 
 High-covariance tokens drive entropy collapse; stopping the gradient of a few keeps entropy up. r = 2e-4, lb = 1,
 ub = 5 (the authors' defaults); their scripts set clip_ratio_low = clip_ratio_high = 1 (PPO's clip effectively off:
-ratios in [0, 2]) and dual-clip c = 10. Token-mean, group advantage, no KL. Choices: trust_region=clip_cov.
+ratios in [0, 2]). Their scripts also set a dual-clip c = 10, but their actor code never passes it to the Clip-Cov
+loss (compute_policy_loss_clip_cov has no dual clip) and verl's clip_cov ignores it too, so there is none here
+(clip_ratio_c = None; with c = 10 one token at A = −1, log ρ = 3 had loss 10 and gradient 0, against 20.09 and 20.09
+in verl, tests/test_off_policy.py). Token-mean, group advantage, no KL. Choices: trust_region=clip_cov.
 Reference: ../shared/docs/algorithms-round2.md (B7, [primary]: PRIME-RL/Entropy-Mechanism-of-RL core_algos.py).
 
 Deviations from the paper
@@ -33,8 +36,8 @@ class ClipCovConfig(PolicyGradientConfig):
     """the authors' clip_ratio_low"""
     clip_eps_high: float = 1.0
     """the authors' clip_ratio_high"""
-    clip_ratio_c: float | None = 10.0
-    """the authors' dual-clip c"""
+    clip_ratio_c: float | None = None
+    """no dual clip: the authors' Clip-Cov loss never applies their scripts' c = 10 (module docstring)"""
     clip_cov_ratio: float = 2e-4
     """r"""
     clip_cov_lb: float = 1.0

@@ -89,22 +89,28 @@ def test_m2po_mask_golden():
     m = t(1.0, 1.0, 1.0, 0.0).view(1, 4)
     old[0, 3] = 50.0
     assert L.m2po_mask(old, mu, m, 0.04).tolist() == [[0.0, 1.0, 1.0, 1.0]]
+    # every Δ² ≥ τ (0.25, 0.09, 0.16 against τ 0.04): AReaL keeps the single smallest (0.09), it never masks all
+    old, m = t(0.5, 0.3, 0.4).view(1, 3), torch.ones(1, 3)
+    assert L.m2po_mask(old, torch.zeros_like(old), m, 0.04).tolist() == [[0.0, 1.0, 0.0]]
 
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), tau=st.floats(1e-4, 0.5))
 def test_m2po_masks_the_fewest_largest_tokens(seed, tau):
-    """Property: after masking, the mean Δ² of the kept tokens is < τ (or nothing is kept), every masked Δ² is ≥ every
-    kept one, and keeping the smallest masked token back would break the bound."""
+    """Property: after masking, the mean Δ² of the kept tokens is < τ (or only the smallest is kept, when every Δ² ≥ τ),
+    every masked Δ² is ≥ every kept one, and keeping the smallest masked token back would break the bound."""
     _, old, mu, mask, _ = batch(seed, spread=0.3)
     keep = L.m2po_mask(old, mu, mask, tau)
     d2 = (old - mu).square()
     valid = mask.bool()
     kept, dropped = d2[valid & (keep == 1)], d2[valid & (keep == 0)]
     assert (keep[~valid] == 1).all()
-    if len(kept):
+    assert len(kept) >= 1 or not valid.any()
+    if len(kept) == 1 and len(dropped):
+        assert kept.item() >= tau or kept.mean() < tau
+    elif len(kept):
         assert kept.mean() < tau
-    if len(kept) and len(dropped):
+    if len(kept) > 1 and len(dropped):
         assert dropped.min() >= kept.max()
         assert torch.cat([kept, dropped.min().view(1)]).mean() >= tau
 
@@ -398,12 +404,29 @@ def test_against_verl_clip_cov_with_the_same_seeded_choice(seed):
     logp, old, _, mask, adv = batch(seed, spread=0.5)
     logp, old, mask, adv = logp.float(), old.float(), mask.float(), adv.float()
     cfg = config("clip_cov", clip_cov_ratio=0.1, clip_cov_lb=-1.0, clip_cov_ub=5.0)
-    kw = dict(clip_ratio=1.0, clip_ratio_low=1.0, clip_ratio_high=1.0, clip_ratio_c=10.0)
+    kw = dict(clip_ratio=1.0, clip_ratio_low=1.0, clip_ratio_high=1.0, clip_ratio_c=10.0)  # verl ignores c here
     torch.manual_seed(1234)
     theirs = _verl_loss_and_grad("clip_cov", logp, old, adv, mask, **kw, clip_cov_ratio=0.1, clip_cov_lb=-1.0,
                                  clip_cov_ub=5.0)  # fmt: skip
     ours = loss_and_grad(cfg, logp, old, adv, mask, generator=torch.Generator().manual_seed(1234))
     torch.testing.assert_close(ours, theirs, **TOL)
+
+
+@needs_verl
+def test_clip_cov_has_no_dual_clip_as_in_the_authors_code_and_verl():
+    """One token, A = −1, log ρ = 3 (ρ = 20.09 > c = 10): the Clip-Cov loss is −ρA = 20.09 with gradient 20.09 in
+    verl (which never applies its clip_ratio_c to clip_cov) and here (clip_cov's clip_ratio_c is None); with c = 10
+    applied, as before, it was 10 with gradient 0."""
+    logp, old = torch.tensor([[3.0]]), torch.tensor([[0.0]])
+    adv, mask = torch.tensor([-1.0]), torch.ones(1, 1)
+    kw = dict(clip_ratio=1.0, clip_ratio_low=1.0, clip_ratio_high=1.0, clip_ratio_c=10.0)
+    torch.manual_seed(0)
+    theirs = _verl_loss_and_grad("clip_cov", logp, old, adv, mask, **kw)
+    ours = loss_and_grad(config("clip_cov"), logp, old, adv, mask, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(ours, theirs, **TOL)
+    assert ours[0].item() == pytest.approx(math.exp(3.0)) and ours[1].item() == pytest.approx(math.exp(3.0))
+    dual = loss_and_grad(config("clip_cov", clip_ratio_c=10.0), logp, old, adv, mask)  # what c = 10 would do
+    assert dual[0].item() == pytest.approx(10.0) and dual[1].item() == 0.0
 
 
 class _Accel:

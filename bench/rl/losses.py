@@ -307,7 +307,9 @@ def icepop(old_logp, sampler_logp, mask, low: float, high: float) -> torch.Tenso
 def m2po_mask(old_logp, sampler_logp, mask, threshold: float) -> torch.Tensor:
     """M2PO, AReaL's variant (Zheng, Zhao, Chen 2025): over all valid tokens, mask those with the largest
     Δ² = (log π_old − log μ)² until the mean Δ² of the rest is below τ_M2 ([B, T] -> [B, T] float, 1 kept, 0 masked).
-    Ties are broken by position (a stable sort), so the mask is a pure function of its inputs."""
+    When no such rest exists (every Δ² ≥ τ), the single smallest-Δ² token is kept, as AReaL does
+    (``num_to_mask = n − 1``): a step is never left without a token to learn from. Ties are broken by position (a
+    stable sort), so the mask is a pure function of its inputs."""
     m = mask.bool()
     d2 = torch.where(m, (old_logp - sampler_logp).square(), torch.zeros_like(old_logp)).flatten()
     valid = m.flatten()
@@ -321,7 +323,7 @@ def m2po_mask(old_logp, sampler_logp, mask, threshold: float) -> torch.Tensor:
     rest_sum = sorted_d2.sum() - torch.cat([sorted_d2.new_zeros(1), sorted_d2.cumsum(0)[:-1]])  # Σ after removing k
     rest_mean = rest_sum / torch.arange(n, 0, -1, device=d2.device, dtype=d2.dtype)  # k = 0 .. n−1
     below = (rest_mean < threshold).nonzero()
-    k = int(below[0]) if len(below) else n  # masked tokens: the fewest that bring the mean below τ
+    k = int(below[0]) if len(below) else n - 1  # masked: the fewest that bring the mean below τ, else all but one
     keep[order[:k]] = 0.0
     return keep.view_as(mask)
 
