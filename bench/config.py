@@ -340,8 +340,11 @@ def compose(args: list[str] = (), base: Path = CONF) -> DictConfig:
     schema.task = OmegaConf.structured(TASKS.get(names["task"]).Config)
     schema.algorithm = OmegaConf.structured(ALGORITHMS.get(names["algorithm"]).Config)
     cfg = _merge(schema, top, str(base / "config.yaml"))
+    registries = {"task": TASKS, "algorithm": ALGORITHMS}
     for s in SELECTORS:
         path = base / s / f"{names[s]}.yaml"
+        if not path.exists() and s in registries:  # a dropped-in file's own defaults, beside it
+            path = registries[s].config_yaml(names[s]) or path
         cfg = _merge(cfg, _yaml(path), str(path))
         cfg = _merge(cfg, {s: {"name": names[s]}}, "command line")
     cfg = _merge(cfg, OmegaConf.from_dotlist(overrides), "command line")

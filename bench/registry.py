@@ -3,6 +3,8 @@
 A module dropped into ``algorithms/`` or ``tasks/`` (or any directory given with ``--include``) registers the one
 class it defines that subclasses the registry's base class, under the file's stem. A module that fails to import is
 an error naming the file, never a silent skip. Unknown names fail with the available names and a did-you-mean.
+A dropped-in file may bring its config defaults as a YAML beside it (``<dir>/<stem>.yaml``, the format of
+``conf/task/<name>.yaml``); ``include_args`` is what a process passes its children so that they see the same files.
 """
 
 from __future__ import annotations
@@ -107,6 +109,15 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self.classes())
 
+    def source(self, name: str) -> Path:
+        """The file that registered ``name``."""
+        return Path(sys.modules[self.get(name).__module__].__file__).resolve()
+
+    def config_yaml(self, name: str) -> Path | None:
+        """The YAML of config defaults beside a dropped-in file (``<dir>/<name>.yaml``), or None."""
+        path = self.source(name).with_suffix(".yaml")
+        return path if path.parent != (ROOT / self.package).resolve() and path.is_file() else None
+
     def get(self, name: str) -> type:
         classes = self.classes()
         if name not in classes:
@@ -119,6 +130,13 @@ class Registry:
 
 ALGORITHMS = Registry("algorithm", "algorithms", "bench.rl.module.PolicyModule")
 TASKS = Registry("task", "tasks", "bench.task.Task")
+
+
+def include_args() -> list[str]:
+    """``--include DIR`` for every directory this process included: a sweep passes them to every warm-start and cell
+    process (local or on a Ray worker), so a dropped-in algorithm or task is known there too."""
+    dirs = dict.fromkeys(d for reg in (ALGORITHMS, TASKS) for d in reg.dirs[1:])
+    return [a for d in dirs for a in ("--include", str(d))]
 
 
 class Choices(dict):

@@ -40,7 +40,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bench import ROOT
 from bench.config import CONF, ConfigError, compose, config_hash, omegaconf_message, to_yaml
-from bench.registry import RegistryError, did_you_mean
+from bench.registry import RegistryError, did_you_mean, include_args
 from bench.task import sft_task
 from bench.tracking import WARM_START_EXPERIMENT, ensure_experiment, open_client, tracking_uri
 
@@ -422,7 +422,7 @@ class Sweep:
         for r in runs:
             if r is not keep:  # a run left RUNNING by a SIGKILL, or a failed attempt: superseded by a fresh start
                 self.client.delete_run(r.info.run_id)
-        cmd = [sys.executable, "-m", "bench", "train"]
+        cmd = [sys.executable, "-m", "bench", "train", *include_args()]
         if keep is not None:
             return cmd + [f"resume={keep.data.tags['run_dir']}"]
         return cmd + [f"config_file={self.dir / 'cells' / f'{cell.id}.yaml'}"]
@@ -483,7 +483,7 @@ class Sweep:
             if stopping.is_set():
                 return -1
             log = self.dir / "logs" / f"warm_start-{key}.log"
-            argv = [sys.executable, "-m", "bench", "warm-start", f"config_file={cfg_path}"]
+            argv = [sys.executable, "-m", "bench", "warm-start", *include_args(), f"config_file={cfg_path}"]
             t0 = time.time()
             rc = launcher.run(argv, log, threads, self.spec.resources.gpus_per_cell, env)
             reused = rc == 0 and "reusing SFT warm start" in log.read_text(errors="replace")
