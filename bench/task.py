@@ -22,6 +22,35 @@ from torch.utils.data import DataLoader, IterableDataset
 Split = Literal["train", "val", "test"]
 
 
+HUB_PROBE_S = 3.0
+"""How long the hub's host may take to accept a TCP connection before the hub counts as unreachable."""
+_HUB_PROBED: list[BaseException | None] = []
+
+
+def hub_unreachable() -> BaseException | None:
+    """None when the Hugging Face hub's host (HF_ENDPOINT, default huggingface.co) accepts a connection within
+    HUB_PROBE_S, or when an offline mode is set (the local cache is read); else the error, remembered for the rest of
+    the process."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if any(
+        os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    ):
+        return None
+    if not _HUB_PROBED:
+        url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+        host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+        try:
+            socket.create_connection((host, port), timeout=HUB_PROBE_S).close()
+            _HUB_PROBED.append(None)
+        except OSError as e:
+            _HUB_PROBED.append(ConnectionError(f"{host}:{port} did not accept a connection within {HUB_PROBE_S:g} s "
+                                               f"({type(e).__name__}: {e})"))  # fmt: skip
+    return _HUB_PROBED[0]
+
+
 def hash_unit(*parts) -> float:
     """A stable number in [0, 1) from ``parts`` joined by "/" (hashlib, not hash(), which is salted per process): the
     generated tasks' splits and hash-chosen shares."""
@@ -144,9 +173,15 @@ class Task(L.LightningDataModule):
 
     def load_hub(self, local: Sequence[str], *args: Any, dataset: str | None = None, **kwargs: Any):
         """``datasets.load_dataset(dataset or self.hub_dataset, *args, **kwargs)``; when the hub cannot be reached
-        (offline, no cache) the missing-data error for the ``local`` parts, saying the hub was tried."""
+        (offline, no cache) the missing-data error for the ``local`` parts, saying the hub was tried. The hub's host
+        is probed first (one TCP connect, HUB_PROBE_S): an unreachable hub fails at once instead of after the
+        client's retries (80-110 s of warnings, once per split). With HF_HUB_OFFLINE or HF_DATASETS_OFFLINE set the
+        probe is skipped and the local hub cache is read."""
         import datasets
 
+        error = hub_unreachable()
+        if error is not None:
+            raise self.missing_data(local, hub_error=error, hub_dataset=dataset)
         try:
             return datasets.load_dataset(dataset or self.hub_dataset, *args, **kwargs)
         except (ConnectionError, OSError) as e:  # OSError covers the hub's not-found and offline errors

@@ -142,3 +142,60 @@ def test_include_file_with_a_syntax_error(tmp_path: Path) -> None:
     line = one_error_line(bench_cli("--include", str(tmp_path), "list", store=tmp_path))
     assert "broken_task.py failed to import: SyntaxError" in line and "line 3" in line, line
     assert f"take it out of {tmp_path}" in line, line
+
+
+@needs_datasets
+def test_unreachable_hub_fails_at_once_and_leaves_no_run_behind(tmp_path: Path) -> None:
+    """No data root, no offline switch, the hub's host refusing connections (HF_ENDPOINT on a closed local port): one
+    error line and no hub retries (was: 80-110 s of retry warnings, twice, before it), and neither an MLflow run (was:
+    one left RUNNING) nor a run directory is created, because the data is checked before either."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    env = {k: v for k, v in os.environ.items() if k not in ("BENCH_DATA", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env |= {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "hf"),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "train", "task=gsm8k", "algorithm=grpo", "init=sft",
+         f"output_dir={tmp_path / 'runs'}", f"cache_dir={tmp_path / 'cache'}"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )  # fmt: skip
+    line = one_error_line(proc)
+    assert f"127.0.0.1:{port} did not accept a connection" in line and "<data root>/gsm8k/" in line, line
+    assert "retry" not in proc.stderr.lower() and "warning" not in proc.stderr.lower(), proc.stderr[-3000:]
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+    if (tmp_path / "mlflow.db").exists():
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        assert not runs, [(r.info.run_name, r.info.status) for r in runs]
+
+
+def test_a_run_that_fails_after_it_started_ends_failed_not_running(tmp_path: Path) -> None:
+    """A dropped-in task whose data_stats raises (a bug in the user's file) fails after its MLflow run exists and
+    before Lightning takes over: the run ends FAILED with the error as a tag (was: left RUNNING for good)."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.test_dropin import readme_example
+
+    d = tmp_path / "broken"
+    d.mkdir()
+    source = readme_example("task").replace("class Reverse(Task):", "class Broken(Task):")
+    source = source.replace('name: str = "reverse"', 'name: str = "broken"')
+    source += "\n    def data_stats(self):\n        raise RuntimeError('a bug in data_stats')\n"
+    (d / "broken.py").write_text(source)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "train", "--include", str(d), "task=broken", "algorithm=grpo",
+         "trainer.max_steps=1", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+         "model.intermediate_size=64", f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+         f"output_dir={tmp_path / 'runs'}", f"cache_dir={tmp_path / 'cache'}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "a bug in data_stats" in proc.stderr, proc.stderr[-2000:]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FAILED", run.info.status
+    assert run.data.tags["error"] == "RuntimeError: a bug in data_stats", run.data.tags.get("error")

@@ -217,6 +217,19 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     L.seed_everything(cfg.seed, verbose=False)
+    algo_cls, task_cls = ALGORITHMS.get(cfg.algorithm.name), TASKS.get(cfg.task.name)
+    # The data first: a missing data root (or an unreachable hub) fails here, before a warm start, an MLflow run or a
+    # run directory exists. The tokenizer joins once the policy is loaded (loading data does not need it).
+    dm = task_cls(
+        OmegaConf.to_object(cfg.task),
+        None,
+        seed=cfg.seed,
+        prompts_per_step=cfg.rollout.prompts_per_step,
+        train_stream=algo_cls.train_stream,
+        batch_size=cfg.train.batch_size,
+    )
+    dm.examples("train")
+    dm.eval_examples()
     init_path = {"scratch": None, "sft": None}.get(cfg.init, cfg.init)
     warm_tags = {}
     if cfg.init == "sft":
@@ -226,18 +239,10 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
                      "warm_start.experiment": WARM_START_EXPERIMENT}  # fmt: skip
     elif init_path is not None and not _path(init_path).exists():
         raise ConfigError(f"init={cfg.init!r}: no such folder; use scratch, sft, or a path to an HF model folder")
-    algo_cls, task_cls = ALGORITHMS.get(cfg.algorithm.name), TASKS.get(cfg.task.name)
     cfg = algo_cls.prepare(cfg)  # e.g. TGDPO's tgdpo_model=dpo -> the cached DPO run it needs
     obj = OmegaConf.to_object(cfg)  # typed dataclasses: fast attribute access in the hot loop
     policy, tokenizer = load_policy(obj.model, obj.seed, init_path and _path(str(init_path)), _path(obj.cache_dir))
-    dm = task_cls(
-        obj.task,
-        tokenizer,
-        seed=obj.seed,
-        prompts_per_step=obj.rollout.prompts_per_step,
-        train_stream=algo_cls.train_stream,
-        batch_size=obj.train.batch_size,
-    )
+    dm.tokenizer = tokenizer
     module = algo_cls(obj, policy, tokenizer, dm)
     module.init_source = str(init_path or cfg.init)
     if module.needs_process_rewards and task_cls.process_rewards is Task.process_rewards:
@@ -283,16 +288,36 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
         artifact_location=artifact_root(uri),
         run_id=run_id,
     )
+    try:
+        return _fit(cfg, module, dm, policy, tokenizer, logger, run_dir, uri, resume_dir)
+    except BaseException as e:
+        _end_failed_start(logger, e)
+        raise
+
+
+def _end_failed_start(logger: BenchLogger, error: BaseException) -> None:
+    """A run that stopped with an exception is never left RUNNING: if the exception came before Lightning could end
+    it (or Lightning did not), mark it FAILED (KILLED for Ctrl-C / SIGTERM) with the error as a tag."""
+    rid = getattr(logger, "_run_id", None)
+    if rid is None:  # no MLflow run was created
+        return
+    client = logger.experiment
+    if client.get_run(rid).info.status != "RUNNING":
+        return
+    killed = isinstance(error, (KeyboardInterrupt, SIGTERMException))
+    client.set_tag(rid, "error", f"{type(error).__name__}: {error}"[:4000])
+    client.set_terminated(rid, "KILLED" if killed else "FAILED")
+
+
+def _fit(cfg, module, dm, policy, tokenizer, logger, run_dir, uri, resume_dir) -> RunResult:
     if resume_dir is None:
         logger.log_hyperparams(flatten(cfg))
         logger.log_text(to_yaml(cfg), "config.yaml")
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         (run_dir / "run.json").write_text(json.dumps({"mlflow_run_id": logger.run_id, "tracking_uri": uri}))
     else:
-        logger.experiment.update_run(run_id, status="RUNNING")
-        logger.experiment.set_tag(run_id, "resumed", time.strftime("%Y-%m-%dT%H:%M:%S"))
-    dm.examples("train")
-    dm.eval_examples()
+        logger.experiment.update_run(logger.run_id, status="RUNNING")
+        logger.experiment.set_tag(logger.run_id, "resumed", time.strftime("%Y-%m-%dT%H:%M:%S"))
     if resume_dir is None:  # constants of the run: params, not metrics (they would fill the first chart section)
         logger.log_hyperparams({f"data/{k}": v for k, v in dm.data_stats().items()})
     ckpt = run_dir / "checkpoints" / "last.ckpt"
