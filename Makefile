@@ -70,9 +70,8 @@ bench-compile: install  ## torch.compile, a static KV cache, bf16 sampling: do t
 UI_PORT ?= 5000
 UI_WORKERS ?= 1
 UI_JOBS ?= false
-ui: install  ## MLflow UI over the embedded store (http://127.0.0.1:$(UI_PORT))
-	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=$(UI_JOBS) $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
-		--host 127.0.0.1 --port $(UI_PORT) --workers $(UI_WORKERS)
+ui: install  ## MLflow UI over the embedded store (http://127.0.0.1:$(UI_PORT)); a busy port is an error naming it
+	$(PY) -m bench ui --port $(UI_PORT) --workers $(UI_WORKERS) $(if $(filter true,$(UI_JOBS)),--jobs,)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -8,6 +8,7 @@
     python -m bench train config_file=<config.yaml> [key=value ...]   # a saved config (a run's or a sweep cell's)
     python -m bench sweep <name> [--launcher ray] [sweep.workers=4] [key=value ...]   # conf/sweep/<name>.yaml
     python -m bench report <name> [--x-axis tokens] [--out DIR]  # results/<name>/: summary.md, CSVs, plots
+    python -m bench ui [--port 5000] [--workers 1]   # the MLflow UI over the embedded store (make ui)
 Add ``--include DIR`` (repeatable) to register algorithm or task files from another directory.
 """
 
@@ -117,11 +118,14 @@ def cmd_sweep(ns) -> None:
 
 def ui_hint(uri: str, experiment_id: str) -> str:
     """The line that ends a sweep: how to open its runs in the MLflow UI."""
-    from bench.tracking import ui_url
+    from bench.tracking import tracking_uri, ui_url
 
     url = ui_url(experiment_id)
+    if uri == tracking_uri(None) and uri.startswith("sqlite:///"):  # the project's store: make ui serves it
+        return f"compare the runs in the MLflow UI: make ui (or {sys.executable} -m bench ui), then open {url}"
     if uri.startswith("sqlite:///"):
-        return f"compare the runs in the MLflow UI: make ui (or: mlflow ui --backend-store-uri {uri}), then open {url}"
+        serve = f"MLFLOW_TRACKING_URI={uri} {sys.executable} -m bench ui"
+        return f"compare the runs in the MLflow UI: {serve}, then open {url}"
     return f"compare the runs in the MLflow UI of {uri} (experiment id {experiment_id})"
 
 
@@ -132,6 +136,58 @@ def cmd_report(ns) -> None:
     print(f"report: {report(name, rest, x_axis=ns.x_axis, out=ns.out)}")
 
 
+def port_holder(port: int) -> str:
+    """Who listens on ``port`` (from /proc: the process's id and command line), or "another process"."""
+    import os
+
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            for line in open(table).read().splitlines()[1:]:
+                f = line.split()
+                if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == "0A":  # LISTEN
+                    inodes.add(f[9])
+        except OSError:
+            pass
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+                    return f"process {pid} ({cmd.strip()[:120]})"
+        except OSError:
+            continue
+    return "another process"
+
+
+def cmd_ui(ns) -> None:
+    """The MLflow UI over the embedded store, lean (one worker, no job runner; UI_WORKERS / UI_JOBS restore MLflow's
+    defaults). A busy port is an error naming it, what holds it and how to choose another, before MLflow starts:
+    MLflow itself printed "address already in use" and exited 0, leaving the browser on whatever held the port."""
+    import os
+    import socket
+
+    from bench.tracking import tracking_uri
+
+    port = ns.port
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise ConfigError(
+                f"port {port} on 127.0.0.1 is already in use by {port_holder(port)} ({e.strerror}); the MLflow UI "
+                f"was not started. Choose another port: make ui UI_PORT={port + 1} (or python -m bench ui --port "
+                f"{port + 1}), or stop what holds {port}."
+            ) from None
+    uri = tracking_uri(None)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "true" if ns.jobs else "false"}
+    argv = [os.path.join(os.path.dirname(sys.executable), "mlflow"), "ui", "--backend-store-uri", uri,
+            "--host", "127.0.0.1", "--port", str(port), "--workers", str(ns.workers)]  # fmt: skip
+    print(f"MLflow UI over {uri}: http://127.0.0.1:{port}", flush=True)
+    os.execve(argv[0], argv, env)
+
+
 COMMANDS = {
     "train": lambda ns: cmd_train(ns.overrides),
     "list": lambda ns: cmd_list(),
@@ -140,6 +196,7 @@ COMMANDS = {
     "warm-start": lambda ns: cmd_warm_start(ns.overrides),
     "sweep": cmd_sweep,
     "report": cmd_report,
+    "ui": cmd_ui,
 }
 
 
@@ -156,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="sweep/report: write the report here (with overrides it otherwise goes beside results/<name>/)",
     )
+    parser.add_argument("--port", type=int, default=5000, help="ui: the port (127.0.0.1)")
+    parser.add_argument("--workers", type=int, default=1, help="ui: server workers (MLflow's default: 4)")
+    parser.add_argument("--jobs", action="store_true", help="ui: start MLflow's job runner too")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides (sweep/report: the sweep name first)")
     ns = parser.parse_intermixed_args(argv)
     try:

@@ -50,6 +50,65 @@ def ui_url(experiment_id: str, host: str = "http://127.0.0.1:5000") -> str:
     return f"{host}/#/experiments/{experiment_id}{UI_QUERY}"
 
 
+# MLflow 3.17's UI colours a run group by a checksum of its id, "tag.<key>.<value>" for a group by a tag, into a palette
+# of 29 colours (main.js: `c=e=>{let t=0,n=0;for(...)t=(t+e.charCodeAt(r))%255,n=(n+t)%255;return r.T[(t|n<<8)%r.T
+# .length]}`), unless the user picks one in that browser (kept in its localStorage, not in the store). Grouped by
+# axis.algorithm, grpo and rloo both come out #f792a6. tests/test_ui.py checks the installed bundle still does this.
+UI_PALETTE = ("#a6630c", "#c83243", "#b45091", "#8a63bf", "#434a93", "#137dae", "#04867d", "#308613", "#facb66",
+              "#1f272d", "#445461", "#5f7281", "#8396a5", "#93320b", "#be501e", "#de7921", "#f2be88", "#115026",
+              "#277c43", "#3ba65e", "#8ddda8", "#9e102c", "#c82d4c", "#e65b77", "#f792a6", "#0e538b", "#2272b4",
+              "#4299e0", "#8acaff")  # fmt: skip
+
+
+def ui_group_color(group_id: str) -> str:
+    """The colour MLflow's UI gives a run group (or run) with this id by default."""
+    t = n = 0
+    for ch in group_id:
+        t = (t + ord(ch)) % 255
+        n = (n + t) % 255
+    return UI_PALETTE[(t | n << 8) % len(UI_PALETTE)]
+
+
+def _rgb(colour: str) -> tuple[int, int, int]:
+    return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
+
+
+def _far(a: str, b: str, apart: float = 90.0) -> bool:
+    """Two palette colours a reader tells apart: RGB distance at least ``apart`` (the palette's shades of one hue,
+    #445461 and #5f7281, are 37 apart; its hues 100 or more)."""
+    return sum((x - y) ** 2 for x, y in zip(_rgb(a), _rgb(b), strict=True)) ** 0.5 >= apart
+
+
+UI_STYLES = ("{i} {label}", "{i}. {label}", "{i}) {label}", "({i}) {label}", "#{i} {label}", "{i}: {label}",
+             "{i} · {label}", "{i} - {label}", "[{i}] {label}", "{i}/ {label}", "v{i} {label}",
+             "{i}| {label}")  # fmt: skip
+"""How ``ui_group_values`` numbers a label, in the order tried."""
+
+
+def ui_group_values(labels: list[str], key: str) -> dict[str, str]:
+    """label -> the value of tag ``key`` that names it, such that grouping by ``key`` in MLflow's UI draws every label
+    in a colour a reader tells apart from the others': the labels numbered in order ("1 grpo", "2 dr_grpo", ...: the
+    legend lists them in the sweep's order) in the first numbering style (UI_STYLES) under which all colours are far
+    apart; when none is, each label in turn takes the first style whose colour is far from those already taken, or
+    failing that, not yet taken (a sweep of more variants than the palette can separate)."""
+
+    def colour(style: str, i: int, label: str) -> str:
+        return ui_group_color(f"tag.{key}.{style.format(i=i, label=label)}")
+
+    for style in UI_STYLES:
+        cs = [colour(style, i, label) for i, label in enumerate(labels, 1)]
+        if all(_far(a, b) for j, a in enumerate(cs) for b in cs[j + 1 :]):
+            return {label: style.format(i=i, label=label) for i, label in enumerate(labels, 1)}
+    out, used = {}, []
+    for i, label in enumerate(labels, 1):
+        far = [s for s in UI_STYLES if all(_far(colour(s, i, label), u) for u in used)]
+        new = [s for s in UI_STYLES if colour(s, i, label) not in used]
+        style = (far or new or UI_STYLES)[0]
+        out[label] = style.format(i=i, label=label)
+        used.append(colour(style, i, label))
+    return out
+
+
 WARM_START_EXPERIMENT = "creditbench-warm-starts"
 """SFT warm starts are tracked here, apart from the RL runs that start from them (a cell links to its warm start with
 the tags ``warm_start.run_id`` and ``warm_start.path``): one cache, shared by every experiment and sweep."""

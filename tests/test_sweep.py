@@ -359,20 +359,31 @@ def test_experiments_open_on_their_runs_table(warm_sweep):
 
 
 @pytest.mark.slow
-def test_budget_matched_eval_curves_have_every_point_in_place(warm_sweep):
-    """eval_vs_samples/accuracy has one point per evaluation, at the samples consumed by then, with eval/accuracy's
-    value: plotted against "Step" in the UI it is the budget-matched curve (pairing eval/accuracy with
-    rollout/samples_seen by step dropped the last point and shifted the rest)."""
+def test_budget_matched_eval_curves_lie_on_a_grid_the_seeds_share(warm_sweep):
+    """eval_vs_samples/ and eval_vs_tokens/accuracy are logged on a grid every seed shares (budget_grid, from the
+    config), each grid point the linear interpolation of eval/accuracy between the evaluations around it: the seeds'
+    token counts differ, so at the evaluations' own budgets MLflow's grouped mean (equal steps only) zigzagged."""
+    import numpy as np
+
     tmp, _, client = warm_sweep
+    steps = {}
     for r in cell_runs(tmp, "warm"):
-        acc = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "eval/accuracy")}
-        at = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "eval/at_samples_seen")}
-        by_samples = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "eval_vs_samples/accuracy")}
-        assert len(acc) == 4 and sorted(by_samples) == sorted(int(v) for v in at.values()), (acc, at, by_samples)
-        assert [by_samples[int(at[s])] for s in sorted(acc)] == [acc[s] for s in sorted(acc)]
-        assert sorted(by_samples)[-1] == 3 * 4 * 4  # 3 steps x 4 prompts x 4 completions: the last point is there
-        tokens = client.get_metric_history(r.info.run_id, "eval_vs_tokens/accuracy")
-        assert len(tokens) == 4
+        rid = r.info.run_id
+        acc = {m.step: m.value for m in client.get_metric_history(rid, "eval/accuracy")}
+        assert len(acc) == 4
+        for axis, prefix in (("samples_seen", "eval_vs_samples"), ("tokens_generated", "eval_vs_tokens")):
+            at = {m.step: m.value for m in client.get_metric_history(rid, f"eval/at_{axis}")}
+            got = {m.step: m.value for m in client.get_metric_history(rid, f"{prefix}/accuracy")}
+            xs = [at[s] for s in sorted(acc)]
+            ys = [acc[s] for s in sorted(acc)]
+            grid = sorted(got)
+            gap = grid[1] - grid[0]
+            assert grid == list(range(0, int(xs[-1]) + 1, gap)), (axis, grid, xs)  # every grid point to the end
+            assert [got[g] for g in grid] == pytest.approx(list(np.interp(grid, xs, ys)), abs=1e-9), axis
+            steps.setdefault(axis, set()).add(tuple(grid[: len(grid) - 1]))  # all but a last point past a shorter run
+    for axis, grids in steps.items():  # whatever each run's own counts, the grids agree point for point
+        shortest = min(grids, key=len)
+        assert all(g[: len(shortest)] == shortest for g in grids), (axis, grids)
 
 
 @pytest.mark.slow

@@ -140,18 +140,45 @@ class PolicyModule(L.LightningModule):
         for logger in self.loggers:
             logger.log_metrics(metrics, step=self.step_count)
 
+    def budget_grid(self, axis: str) -> int:
+        """The spacing of the budget-matched curves' grid on ``axis`` (samples_seen | tokens_generated): from the
+        config alone (a 1-2-5 number near a quarter of the samples, an eighth of the token budget, one evaluation
+        interval allows), so every seed of a setting logs the same steps."""
+        r, every = self.cfg.rollout, self.cfg.trainer.eval_every
+        raw = (
+            r.prompts_per_step * r.group_size * every * (r.max_new_tokens / 8 if axis == "tokens_generated" else 1 / 4)
+        )
+        exp = 10 ** math.floor(math.log10(max(raw, 1.0)))
+        return int(max(1, max(m * exp for m in (1, 2, 5) if m * exp <= max(raw, 1.0))))
+
     def log_against_budget(self, metrics: dict[str, float]) -> None:
-        """The headline eval metrics again, under ``eval_vs_samples/`` and ``eval_vs_tokens/`` with the samples or
-        tokens consumed so far as their MLflow step: MLflow pairs two metrics by step, so a chart of eval/accuracy
-        against rollout/samples_seen (logged at the rollout steps, including that step's batch) drops the last point
-        and shifts the others. With these, a chart's x-axis "Step" is the budget."""
+        """The headline eval metrics again, under ``eval_vs_samples/`` and ``eval_vs_tokens/``, with the budget as
+        their MLflow step, on a grid every seed shares (``budget_grid``): at each evaluation, every grid point passed
+        since the previous one gets the value interpolated linearly between the two evaluations (the evaluation at
+        budget 0 is point 0). MLflow's grouped chart averages runs at equal steps only, so budget counts that differ
+        by a few tokens between seeds (15,902 and 15,911) made the grouped mean zigzag; on a shared grid it is the
+        budget-matched mean. (Pairing eval/accuracy with rollout/samples_seen by step drops the last evaluation and
+        shifts the others: rollout metrics are logged at steps 0..N−1, including that step's batch.)"""
         heads = {k.split("/", 1)[1]: v for k, v in metrics.items()
                  if k == "eval/accuracy" or (k.startswith("eval/mean@") and not k.endswith("_se"))}  # fmt: skip
+        before = self.eval_history[-1][1] if self.eval_history else None
         for axis, prefix in (("samples_seen", "eval_vs_samples"), ("tokens_generated", "eval_vs_tokens")):
-            if hasattr(self, axis):
-                budget = int(getattr(self, axis))
+            if not hasattr(self, axis):
+                continue
+            budget, grid = float(getattr(self, axis)), self.budget_grid(axis)
+            b0 = before.get(f"eval/at_{axis}") if before else None
+            if b0 is None or budget <= b0:
+                points = {0: heads} if budget == 0 else {}
+            else:
+                points = {}
+                for g in range(int(b0 // grid + 1) * grid, int(budget) + 1, grid):
+                    w = (g - b0) / (budget - b0)
+                    points[g] = {
+                        k: before.get(f"eval/{k}", v) + w * (v - before.get(f"eval/{k}", v)) for k, v in heads.items()
+                    }
+            for g, values in points.items():
                 for logger in self.loggers:
-                    logger.log_metrics({f"{prefix}/{k}": _value(v) for k, v in heads.items()}, step=budget)
+                    logger.log_metrics({f"{prefix}/{k}": _value(v) for k, v in values.items()}, step=g)
 
     def on_train_start(self) -> None:
         if self.step_count == 0 and self.last_eval_step < 0:

@@ -41,7 +41,7 @@ from bench import stats as S
 from bench.config import ConfigError, config_hash
 from bench.registry import did_you_mean
 from bench.run.plots import natural_key, plot, plot_differences, plot_fits, plot_rliable, plot_settings
-from bench.run.sweep import NOT_IN_IDENTITY, Cell, ReportSpec, Sweep, SweepSpec, load_plan, setting_name
+from bench.run.sweep import NOT_IN_IDENTITY, Cell, ReportSpec, Sweep, SweepSpec, load_plan, setting_name, variants
 from bench.tracking import git_commit
 
 X_AXES = {"step": None, "samples": "eval/at_samples_seen", "tokens": "eval/at_tokens_generated"}
@@ -235,21 +235,6 @@ def eval_settings(cell: Cell) -> str:
     task = cell.cfg.task
     keys = ("eval_split", "num_eval", "data_root", "source", "corpus", "test_share", "gen_seed")
     return config_hash({"eval": cell.cfg.eval} | {k: task.get(k) for k in keys}) + str(cell.cfg.rollout.max_new_tokens)
-
-
-def variants(cells: list[Cell], settings: list[str] = ()) -> dict[str, str]:
-    """Cell id -> its row label: the algorithm, plus each other axis (not task, seed or a report setting) whose value
-    varies among that algorithm's cells (an axis held fixed for an algorithm by the excludes says nothing about it)."""
-
-    def algo(c: Cell) -> str:
-        return str(c.axes.get("algorithm", c.cfg.algorithm.name))
-
-    varying = {
-        a: [k for k in cells[0].axes if k not in ("task", "seed", "algorithm", *settings)
-            and len({str(c.axes[k]) for c in cells if algo(c) == a}) > 1]
-        for a in {algo(c) for c in cells}
-    }  # fmt: skip
-    return {c.id: " ".join([algo(c), *(f"{k.split('.')[-1]}={c.axes[k]}" for k in varying[algo(c)])]) for c in cells}
 
 
 def group(runs: list[RunStats], cells: list[Cell], labels: dict[str, str]) -> list[Group]:

@@ -42,7 +42,7 @@ from bench import ROOT
 from bench.config import CONF, ConfigError, compose, config_hash, omegaconf_message, to_yaml
 from bench.registry import RegistryError, did_you_mean, include_args
 from bench.task import sft_task
-from bench.tracking import WARM_START_EXPERIMENT, ensure_experiment, open_client, tracking_uri
+from bench.tracking import WARM_START_EXPERIMENT, ensure_experiment, open_client, tracking_uri, ui_group_values
 
 # Keys that do not change what a cell computes: left out of its identity.
 NOT_IN_IDENTITY = (
@@ -251,6 +251,21 @@ def plan(spec: SweepSpec, extra: list[str] = ()) -> list[Cell]:
     return cells
 
 
+def variants(cells: list[Cell], settings: list[str] = ()) -> dict[str, str]:
+    """Cell id -> its row label: the algorithm, plus each other axis (not task, seed or a report setting) whose value
+    varies among that algorithm's cells (an axis held fixed for an algorithm by the excludes says nothing about it)."""
+
+    def algo(c: Cell) -> str:
+        return str(c.axes.get("algorithm", c.cfg.algorithm.name))
+
+    varying = {
+        a: [k for k in cells[0].axes if k not in ("task", "seed", "algorithm", *settings)
+            and len({str(c.axes[k]) for c in cells if algo(c) == a}) > 1]
+        for a in {algo(c) for c in cells}
+    }  # fmt: skip
+    return {c.id: " ".join([algo(c), *(f"{k.split('.')[-1]}={c.axes[k]}" for k in varying[algo(c)])]) for c in cells}
+
+
 # ---- launchers: run one command to completion, return its exit status -----------------------------------------
 def _die_with_parent() -> None:
     """Child side of fork: SIGKILL this process when the driver thread that started it dies (Linux)."""
@@ -351,8 +366,18 @@ class Sweep:
         self.exp_id = ensure_experiment(self.client, self.experiment, self.uri)
         self.dir = Path(cells[0].cfg.output_dir)
         self.dir = (self.dir if self.dir.is_absolute() else ROOT / self.dir) / "sweeps" / spec.name
+        # The report's row label of each cell, and its value of the `variant` tag: the label with the ordinal that
+        # gives every variant of the sweep its own group colour in the MLflow UI (bench.tracking.ui_group_values).
+        self.labels = variants(cells, spec.report.settings)
+        self.group_values = self.group_values_of(spec, cells)
         (self.dir / "cells").mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def group_values_of(spec: SweepSpec, cells: list[Cell]) -> dict[str, str]:
+        """Report label -> the cells' `variant` tag (bench.tracking.ui_group_values)."""
+        labels = variants(cells, spec.report.settings)
+        return ui_group_values(list(dict.fromkeys(labels[c.id] for c in cells)), "variant")
 
     # -- MLflow bookkeeping
     def runs(self, **tags: str) -> list:
@@ -397,6 +422,7 @@ class Sweep:
             "sweep": self.spec.name,
             "sweep.cell": cell.id,
             "role": "cell",
+            "variant": self.group_values[self.labels[cell.id]],
             **{f"axis.{k}": str(v) for k, v in cell.axes.items()},
         }
         cfg.trainer.progress_bar = False
