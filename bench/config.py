@@ -293,6 +293,10 @@ def _merge(base: DictConfig, layer: DictConfig | dict, source: str) -> DictConfi
         key = getattr(e, "full_key", None) or ""
         msg = omegaconf_message(e)
         valid = _keys(base)
+        if key in valid:  # the key exists: its value has the wrong type (no key to suggest instead)
+            node = OmegaConf.select(base, key)
+            example = f" (its value before this one: {key}={node})" if node is not None else ""
+            raise ConfigError(f"bad value for config key {key!r} in {source}: {msg}{example}.") from None
         hint = did_you_mean(key, valid) if key else ""
         if not hint and key:
             parent = key.rsplit(".", 1)[0] if "." in key else ""

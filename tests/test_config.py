@@ -32,9 +32,13 @@ def test_unknown_key_names_nearest():
 
 
 def test_wrong_type_names_key():
-    """A value of the wrong type names the key."""
-    with pytest.raises(ConfigError, match=r"rollout\.group_size"):
+    """A value of the wrong type names the key and the value it had, and suggests no other key (was: "Did you mean
+    'rollout.group_size'", the key already typed)."""
+    with pytest.raises(ConfigError) as err:
         compose(["algorithm=grpo", "task=countdown", "rollout.group_size=many"])
+    text = str(err.value)
+    assert "bad value for config key 'rollout.group_size'" in text and "rollout.group_size=8" in text, text
+    assert "Did you mean" not in text, text
 
 
 def test_algorithm_fields_are_typed_per_algorithm():

@@ -510,3 +510,46 @@ def test_ray_launcher_runs_a_two_cell_sweep_on_a_local_cluster(tmp_path):
     runs = cell_runs(tmp_path, "onray")
     assert sorted(r.data.tags["seed"] for r in runs) == ["0", "1"]
     assert all(r.info.status == "FINISHED" for r in runs)
+
+
+def test_schedule_eta_counts_running_work_and_the_last_round():
+    """Hand value: jobs of 10 s on 2 workers, two running for 4 s and 8 s, three queued: the slots free at 2 and 6,
+    the queued ones end at 12, 16 and 22, so 22 s (mean x remaining / workers said 25; after 2 of 5 warm starts of
+    409 s on 2 workers it said 10.2 min where 13.6 remained)."""
+    from bench.run.sweep import schedule_eta
+
+    assert schedule_eta(10.0, [4.0, 8.0], 3, 2) == 22.0
+    assert schedule_eta(409.0, [], 3, 2) == 818.0  # two rounds, not 1.5
+    assert schedule_eta(10.0, [12.0], 0, 2) == 0.0  # overdue: no negative time
+    assert schedule_eta(10.0, [], 0, 4) == 0.0
+
+
+def test_warm_start_heartbeat_reads_the_running_logs(tmp_path):
+    """While warm starts train, the driver's line names each running one's step (from the [progress] lines its run
+    prints) and an ETA from their seconds per step: 2 running of 4 on 2 workers, one at step 200/800 and one at 100/800,
+    both 1.5 s/step: the running ones need 900 s and 1050 s more, then the queued two 1200 s each, so 2250 s."""
+    from bench.run.sweep import Progress, WarmStartProgress
+
+    progress = Progress("hb", 10, 0, 2)
+    wp = WarmStartProgress(progress, 4, 2, {}, every_s=3600)
+    try:
+        for name, step in (("a", 200), ("b", 100)):
+            log = tmp_path / f"{name}.log"
+            log.write_text("".join(f"[progress] step {s}/800 s/step 1.50 ETA 1.0 min\n" for s in range(40, step + 1, 40))
+                           + f"[progress] step {step}/800 s/step 1.50 ETA 1.0 min\n")  # fmt: skip
+            wp.started(tmp_path / f"{name}.yaml", log)
+        line = wp.heartbeat()
+    finally:
+        wp.close()
+    assert "warm starts 0/4 done" in line and "a step 200/800" in line and "b step 100/800" in line, line
+    assert line.endswith(f"ETA {2250 / 60:.1f} min"), line
+
+
+@pytest.mark.slow
+def test_warm_start_runs_print_their_progress_to_the_sweep_logs(warm_sweep):
+    """A run without a progress bar (every sweep child) prints [progress] lines, the last at its final step."""
+    tmp, _, _ = warm_sweep
+    logs = list((tmp / "runs" / "sweeps" / "warm" / "logs").glob("warm_start-*.log"))
+    assert logs
+    for log in logs:
+        assert "[progress] step 3/3 s/step" in log.read_text(), log.read_text()[-2000:]

@@ -511,6 +511,7 @@ class Sweep:
             log = self.dir / "logs" / f"warm_start-{key}.log"
             argv = [sys.executable, "-m", "bench", "warm-start", *include_args(), f"config_file={cfg_path}"]
             t0 = time.time()
+            warm_progress.started(cfg_path, log)
             rc = launcher.run(argv, log, threads, self.spec.resources.gpus_per_cell, env)
             reused = rc == 0 and "reusing SFT warm start" in log.read_text(errors="replace")
             warm_progress.finished(cfg_path, rc, reused, time.time() - t0)
@@ -559,9 +560,12 @@ class Sweep:
                         need.setdefault(key, paths[c.id])
                 if need:
                     wp = WarmStartProgress(progress, len(need), workers, {paths[c.id]: c for c in todo})
-                    for rc in pool.map(lambda kv: warm(kv[1], kv[0], wp), need.items()):
-                        if rc not in (0, -1):
-                            progress.note(f"a warm start failed (exit {rc}); see {self.dir / 'logs'}")
+                    try:
+                        for rc in pool.map(lambda kv: warm(kv[1], kv[0], wp), need.items()):
+                            if rc not in (0, -1):
+                                progress.note(f"a warm start failed (exit {rc}); see {self.dir / 'logs'}")
+                    finally:
+                        wp.close()
                 # 2. The cells.
                 futures = [pool.submit(attempt, c) for c in todo]
                 for fut in as_completed(futures):
@@ -581,6 +585,20 @@ class Sweep:
         if stopping.is_set():
             raise KeyboardInterrupt
         return {"failed": list(failed.values())}
+
+
+def schedule_eta(mean_s: float, running_elapsed: list[float], queued: int, workers: int) -> float:
+    """Seconds until ``queued`` jobs of ``mean_s`` each and the running ones (each ``mean_s`` − its elapsed time still
+    to go) are done on ``workers`` slots, each queued job taking the first slot to free up (list scheduling). Unlike
+    mean × remaining / workers, it counts the work the running jobs have done and the last round's idle slots."""
+    import heapq
+
+    free = sorted(max(mean_s - e, 0.0) for e in running_elapsed)
+    free += [0.0] * max(workers - len(free), 0)
+    heapq.heapify(free)
+    for _ in range(queued):
+        heapq.heappush(free, heapq.heappop(free) + mean_s)
+    return max(free, default=0.0)
 
 
 class Progress:
@@ -608,8 +626,9 @@ class Progress:
         remaining = self.total - self.done - self.n_failed - len(self.running)
         eta = ""
         if self.durations:
-            left = remaining + len(self.running)
-            eta = f", ETA {sum(self.durations) / len(self.durations) * left / self.workers / 60:.1f} min"
+            mean, now = sum(self.durations) / len(self.durations), time.time()
+            elapsed = [now - self.start[c] for c in self.running if c in self.start]
+            eta = f", ETA {schedule_eta(mean, elapsed, remaining, self.workers) / 60:.1f} min"
         self.bar.set_postfix(running=len(self.running), failed=self.n_failed)
         self.bar.write(
             f"[sweep {self.name}] {event} | done {self.done}/{self.total}, running {len(self.running)}, "
@@ -651,17 +670,69 @@ class Progress:
 
 
 class WarmStartProgress:
-    """One line per SFT warm start as it finishes: trained or reused, done / total, and an ETA from the trained ones
-    (reused ones take seconds)."""
+    """One line per SFT warm start as it finishes (trained or reused, done / total), and while they train a line every
+    ``every_s`` seconds with each running one's step (read from its log: the run prints ``[progress]`` lines) and an
+    ETA from their measured seconds per step (list scheduling over the workers)."""
 
-    def __init__(self, progress: Progress, total: int, workers: int, cell_of: dict[Path, Cell]):
+    def __init__(self, progress: Progress, total: int, workers: int, cell_of: dict[Path, Cell], every_s: float = 60):
         self.progress, self.total, self.workers, self.cell_of = progress, total, workers, cell_of
         self.done = self.trained = self.reused = self.failed = 0
         self.trained_s: list[float] = []
+        self.running: dict[Path, tuple[Path, float]] = {}  # config -> (its log, start time)
+        self.every_s, self.stop = every_s, threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
         progress.note(f"{total} SFT warm start(s) to train or reuse (their own MLflow experiment), then the cells")
+        self.thread.start()
+
+    def started(self, cfg_path: Path, log: Path) -> None:
+        with self.progress.lock:
+            self.running[cfg_path] = (log, time.time())
+
+    def _where(self, cfg_path: Path) -> str:
+        c = self.cell_of.get(cfg_path)
+        return f"{c.cfg.task.name} {c.cfg.model.name} seed {c.cfg.seed}" if c is not None else cfg_path.stem
+
+    def heartbeat(self) -> str | None:
+        """The progress line of the running warm starts, or None when none has printed a step yet."""
+        import re
+
+        from bench.run.train import PROGRESS_RE
+
+        with self.progress.lock:
+            running = dict(self.running)
+        parts, left, rates, total = [], [], [], 0
+        for cfg_path, (log, _) in running.items():
+            try:
+                found = re.findall(PROGRESS_RE, log.read_text(errors="replace")[-20000:])
+            except OSError:
+                found = []
+            if not found:
+                parts.append(f"{self._where(cfg_path)} starting")
+                continue
+            step, total, per = int(found[-1][0]), int(found[-1][1]), float(found[-1][2])
+            parts.append(f"{self._where(cfg_path)} step {step}/{total}")
+            left.append((total - step) * per)
+            rates.append(per)
+        if not rates:
+            return None
+        queued = self.total - self.done - len(running)
+        mean = total * sum(rates) / len(rates)  # one warm start, at the running ones' pace
+        eta = schedule_eta(mean, [mean - x for x in left], queued, self.workers)
+        return (f"[sweep {self.progress.name}] warm starts {self.done}/{self.total} done, running: {', '.join(parts)}"
+                f" | ETA {eta / 60:.1f} min")  # fmt: skip
+
+    def _beat(self) -> None:
+        while not self.stop.wait(self.every_s):
+            line = self.heartbeat()
+            if line:
+                self.progress.bar.write(line)
+
+    def close(self) -> None:
+        self.stop.set()
 
     def finished(self, cfg_path: Path, rc: int, reused: bool, seconds: float) -> None:
         with self.progress.lock:
+            self.running.pop(cfg_path, None)
             self.done += 1
             if rc != 0:
                 self.failed += 1
@@ -676,12 +747,12 @@ class WarmStartProgress:
             left = self.total - self.done
             eta = ""
             if self.trained_s and left:
-                eta = f", ETA {sum(self.trained_s) / len(self.trained_s) * left / self.workers / 60:.1f} min"
-            c = self.cell_of.get(cfg_path)
-            where = f"{c.cfg.task.name} {c.cfg.model.name} seed {c.cfg.seed}" if c is not None else cfg_path.stem
+                mean, now = sum(self.trained_s) / len(self.trained_s), time.time()
+                elapsed = [now - t0 for _, t0 in self.running.values()]
+                eta = f", ETA {schedule_eta(mean, elapsed, left - len(elapsed), self.workers) / 60:.1f} min"
             self.progress.bar.write(
-                f"[sweep {self.progress.name}] warm start {self.done}/{self.total} ({where}): {what} | trained "
-                f"{self.trained}, reused {self.reused}, failed {self.failed}, remaining {left}{eta}"
+                f"[sweep {self.progress.name}] warm start {self.done}/{self.total} ({self._where(cfg_path)}): {what} | "
+                f"trained {self.trained}, reused {self.reused}, failed {self.failed}, remaining {left}{eta}"
             )
 
 
