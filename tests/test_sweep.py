@@ -535,8 +535,8 @@ def test_warm_start_heartbeat_reads_the_running_logs(tmp_path):
     try:
         for name, step in (("a", 200), ("b", 100)):
             log = tmp_path / f"{name}.log"
-            log.write_text("".join(f"[progress] step {s}/800 s/step 1.50 ETA 1.0 min\n" for s in range(40, step + 1, 40))
-                           + f"[progress] step {step}/800 s/step 1.50 ETA 1.0 min\n")  # fmt: skip
+            lines = [f"[progress] step {s}/800 s/step 1.50 ETA 1.0 min\n" for s in [*range(40, step, 40), step]]
+            log.write_text("".join(lines))
             wp.started(tmp_path / f"{name}.yaml", log)
         line = wp.heartbeat()
     finally:
