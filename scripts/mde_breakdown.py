@@ -34,15 +34,15 @@ from bench.run.sweep import Sweep, load_plan  # noqa: E402
 
 
 def pooled_mde(groups, baseline, seeds: list[int], uids, kind: str, paired: bool) -> tuple[float, float]:
-    """(pooled per-seed SD, MDE) over the comparisons of every other variant with the baseline."""
-    sds = []
+    """(per-seed SD, MDE) of the median comparison of every other variant with the baseline: each comparison's own
+    seed SD with its problem term held fixed (Difference.mde), as the report's power sentence."""
+    ds = []
     for g in groups:
         if g is baseline:
             continue
-        d = S.difference(matrix(g, seeds, kind, uids), matrix(baseline, seeds, kind, uids), paired=paired)
-        sds.append(d.se * math.sqrt(len(seeds) if paired else len(seeds) / 2))
-    sd = statistics.median(sds)
-    return sd, S.mde(sd, len(seeds), paired=paired)
+        ds.append(S.difference(matrix(g, seeds, kind, uids), matrix(baseline, seeds, kind, uids), paired=paired))
+    mid = sorted(ds, key=lambda d: d.mde())[(len(ds) - 1) // 2]
+    return mid.seed_sd, mid.mde()
 
 
 def old_mde(rev: str, sweep: str) -> tuple[float, float, int, float]:
@@ -125,8 +125,9 @@ def main() -> None:
     lines += [
         "",
         f"Gain over the start: final {gain['final']:+.3f}, AUC {gain['auc']:+.3f}. Evaluation noise of one run's final "
-        f"value on {len(uids)} problems: SD {noise.eval_sd:.4f} (bootstrap over problems); on 200: "
-        f"{noise.eval_sd * math.sqrt(len(uids) / 200):.4f}.",
+        f"value on {len(uids)} problems: SD {noise.eval_sd:.4f} (the seeds x problems interaction: what a finite "
+        f"evaluation set adds to the seed-to-seed spread); on 200: {noise.eval_sd * math.sqrt(len(uids) / 200):.4f}. "
+        f"One run's SE over its problems, which also counts their difficulty, is {noise.within_run_se:.4f}.",
         "",
     ]
     out = ns.out or ROOT / "results" / spec.name / "mde_breakdown.md"
