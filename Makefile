@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 PYTEST_PAR := $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: install install-vllm run test test-slow sweep report seeds zero-shot bench bench-compile ui lint format clean
+.PHONY: install install-vllm gpu-check run test test-slow sweep report seeds zero-shot bench bench-compile ui lint format clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,9 @@ seeds: install  ## benchmark: the default job for 3 seeds, held-out accuracy aft
 
 zero-shot: install  ## benchmark: smollm2-135m greedy zero-shot accuracy and speed on GSM8K and MATH-500 subsets
 	$(PY) scripts/zero_shot.py $(ARGS)
+
+gpu-check:  ## on a CUDA machine: the vLLM engine (and multi-device) checks -> results/gpu/gpu_check.txt
+	PY=$(PY) scripts/gpu_check.sh
 
 bench: install  ## performance: creditbench GRPO vs TRL GRPOTrainer side by side -> results/perf/
 	$(PY) scripts/bench.py $(ARGS)

@@ -57,7 +57,7 @@ SWITCHES = {**LEVERS, **OPT_IN}
 # Settings that change the samples (not speed switches): sampling from bfloat16 weights, with a correction for the
 # training-inference mismatch it brings (the learner stays float32 and recomputes log pi_old).
 SETTINGS = {"sampler_dtype": "rollout.sampler_dtype", "sampler_attention": "rollout.sampler_attention",
-            "is_correction": "algorithm.is_correction"}  # fmt: skip
+            "is_correction": "algorithm.is_correction", "engine": "rollout.engine"}  # fmt: skip
 # rollout.sampler_attention=eager is not in these rows: it samples 1.29-1.47x faster than SDPA from bfloat16 weights
 # on unpadded prompts, not on padded ones such as smollm2-128's GSM8K prompts (results/perf/sampler_attention.md)
 BF16_TIS = {"sampler_dtype": "bfloat16", "is_correction": "tis"}
@@ -67,8 +67,13 @@ SYSTEMS = {
     "creditbench, no zero-adv skip": {"skip_zero_adv": False},
     "creditbench, bf16 sampling + TIS": BF16_TIS,
     "creditbench, bf16 sampling + TIS, no zero-adv skip": {**BF16_TIS, "skip_zero_adv": False},
+    # rollouts from a vLLM engine in the process (rollout.engine=vllm), weights pushed every step, float32 and bf16
+    "creditbench, vLLM engine": {"engine": "vllm"},
+    "creditbench, vLLM engine, bf16 + TIS": {"engine": "vllm", **BF16_TIS},
     "trl": None,
+    "trl, vLLM colocate": "vllm",  # TRL's own vLLM mode (use_vllm=True, vllm_mode="colocate"), where it runs
 }
+NEEDS_VLLM = {k for k, v in SYSTEMS.items() if v == "vllm" or (isinstance(v, dict) and v.get("engine") == "vllm")}
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 """Threads per system (BENCH_THREADS): 1 by default. The tiny model's matmuls are too small to share, and on a
 machine whose cores other jobs also use, oversubscribed threads made steps ~30x slower for both systems."""
@@ -158,7 +163,8 @@ def run_creditbench(c: dict, folder: Path, levers: dict[str, bool], schedule: li
 
     def measured_sample(batch, *a, **kw):
         gen = sample(batch, *a, **kw)
-        model = module.behaviour.model(module.policy, module.step_count)
+        engine = module.behaviour.make_engine is not None  # the engine holds the policy's weights, in its own dtype
+        model = module.policy if engine else module.behaviour.model(module.policy, module.step_count)
         width = int(batch["prompt_ids"].shape[1])
         decode.append(decode_bytes(model, [width] * len(gen.lengths), gen.lengths.tolist(), compact=True))
         return gen
@@ -199,6 +205,7 @@ def run_creditbench(c: dict, folder: Path, levers: dict[str, bool], schedule: li
                 "generation": m["time/generation"],
                 "scoring": m["time/scoring"],
                 "update": m["time/update"],
+                "weight_sync": m.get("time/weight_sync", 0.0),
                 "completion_tokens": m["rollout/generated_tokens"],
                 "loss": m.get("loss/total", float("nan")),
                 "zero_var_frac": m["rollout/zero_var_group_frac"],
@@ -208,7 +215,7 @@ def run_creditbench(c: dict, folder: Path, levers: dict[str, bool], schedule: li
     return {"steps": out, "params": _matmul_params(policy), "prompt_len": _prompt_len(task, tok, batches)}
 
 
-def run_trl(c: dict, folder: Path) -> dict:
+def run_trl(c: dict, folder: Path, vllm: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -263,6 +270,7 @@ def run_trl(c: dict, folder: Path) -> dict:
         seed=0,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False} if vllm else {}),
     )
     records: list[dict] = []
 
@@ -411,8 +419,8 @@ def _prompt_len(task, tok, batches) -> float:
 def child(ns) -> None:
     spec = json.loads(ns.child)
     c, folder = spec["config"], Path(spec["folder"])
-    if spec["system"] == "trl":
-        out = run_trl(c, folder)
+    if spec["system"].startswith("trl"):
+        out = run_trl(c, folder, vllm=spec["system"] == "trl-vllm")
     else:
         out = run_creditbench(c, folder, spec["levers"], spec.get("schedule"))
     out["steps"] = out["steps"][c["warmup"] :]
@@ -454,6 +462,7 @@ def matmul_peak(n: int = 2048, reps: int = 5) -> float:
 def summarise(results: list[dict], B: int) -> dict:
     steps = [s for r in results for s in r["steps"]]
     med = {k: statistics.median(s[k] for s in steps) for k in ("step", "generation", "scoring", "update")}
+    med["weight_sync"] = statistics.median(s.get("weight_sync", 0.0) for s in steps)
     tokens = statistics.median(s.get("completion_tokens", float("nan")) for s in steps)
     n, tp = results[0]["params"], results[0]["prompt_len"]
     flops = 8 * n * (B * tp + tokens)
@@ -516,16 +525,33 @@ def main() -> None:
     print(f"machine: {machine()}\nmatmul peak (float32, {THREADS} threads): {peak / 1e9:.1f} GFLOP/s; "
           f"read bandwidth {bw / 1e9:.1f} GB/s", flush=True)  # fmt: skip
     override = {k: v for k, v in (("steps", ns.steps), ("warmup", ns.warmup)) if v is not None}
-    rows, lever_rows, checks, raw = [], [], {}, {}
+    rows, lever_rows, checks, raw, failures = [], [], {}, {}, {}
+    from bench.engine import vllm as V
+
+    have_vllm = V.available()
+    if not have_vllm:
+        print(f"vLLM is not installed: the vLLM rows are left out ({V.INSTALL})", flush=True)
     for name in ns.configs:
         c = {**CONFIGS[name], **override}
         folder = model_folder(c["model"])
-        res = {k: [] for k in SYSTEMS}
+        systems = [k for k in SYSTEMS if k not in NEEDS_VLLM or have_vllm]
+        res = {k: [] for k in systems}
         for rep in range(ns.smollm2_reps if c["model"] != "tiny" else ns.reps):
-            for system in list(SYSTEMS) if rep % 2 == 0 else list(SYSTEMS)[::-1]:
+            for system in systems if rep % 2 == 0 else systems[::-1]:
                 t0 = time.perf_counter()
                 switches = SYSTEMS[system]
-                r = spawn("trl" if switches is None else "creditbench", c, folder, switches)
+                kind = {None: "trl", "vllm": "trl-vllm"}.get(switches, "creditbench") if not isinstance(
+                    switches, dict) else "creditbench"  # fmt: skip
+                try:
+                    r = spawn(kind, c, folder, switches if isinstance(switches, dict) else None)
+                except RuntimeError as e:  # TRL's vLLM mode on this CPU: recorded, not fatal
+                    if kind != "trl-vllm":
+                        raise
+                    failures[system] = str(e).splitlines()[-1][:300]
+                    print(f"[{name}] {system}: did not run: {failures[system]}", flush=True)
+                    res.pop(system, None)
+                    systems = [k for k in systems if k != system]
+                    continue
                 res[system].append(r)
                 med = statistics.median(s["step"] for s in r["steps"])
                 print(
@@ -547,7 +573,7 @@ def main() -> None:
     raw["matmul_peak_flops"], raw["read_bandwidth_bytes_per_s"] = peak, bw
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = report(rows, lever_rows, peak, checks, bw)
+    text = report(rows, lever_rows, peak, checks, bw, failures, have_vllm)
     (out / "bench.md").write_text(text)
     (out / "bench.json").write_text(json.dumps(raw, indent=1, default=str))
     print("\n" + text + f"\nwrote {out / 'bench.md'} and {out / 'bench.json'}")
@@ -583,8 +609,8 @@ def table(rows, peak: float, bw: float) -> str:
     head = (
         "| config | system | step (s) | generation (s) | scoring (s) | update (s) | completion tok/step "
         "| completion tok/s | peak RSS (MiB) | nominal GFLOP/s (% of matmul peak) | decode MB read / token "
-        "| generation at the bandwidth floor (s) (% of measured) | speed-up vs TRL |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| generation at the bandwidth floor (s) (% of measured) | weight sync (s) | speed-up vs TRL |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for name, _, s in rows:
@@ -598,7 +624,7 @@ def table(rows, peak: float, bw: float) -> str:
                 f"| {x['update']:.2f} | {x['tokens_per_step']:.0f} | {x['tokens_per_s']:.0f} | {x['peak_rss_mib']:.0f} "
                 f"| {x['flops_per_s'] / 1e9:.1f} ({100 * x['flops_per_s'] / peak:.0f}%) "
                 f"| {x['decode_bytes'] / x['tokens_per_step'] / 1e6:.1f} "
-                f"| {floor:.2f} ({100 * floor / x['generation']:.0f}%) "
+                f"| {floor:.2f} ({100 * floor / x['generation']:.0f}%) | {x['weight_sync']:.2f} "
                 f"| {s['trl']['step'] / x['step']:.2f}x |"
             )
     return head + "\n".join(lines)
@@ -620,7 +646,7 @@ def lever_table(rows) -> str:
 SYNTHETIC = " (TRL's advantages were all 0, which would make the check vacuous: N(0,1) advantages instead)"
 
 
-def report(rows, lever_rows, peak: float, checks: dict, bw: float) -> str:
+def report(rows, lever_rows, peak: float, checks: dict, bw: float, failures: dict, have_vllm: bool) -> str:
     cfg_lines = "\n".join(
         f"- **{name}**: model `{c['model']}`, task `{c['task']}`, P = {c['P']} prompts x G = {c['G']} completions, "
         f"{c['T']} max new tokens, temperature 1.0, lr {c['lr']}, beta 0, 1 optimizer step per rollout, "
@@ -672,6 +698,14 @@ def report(rows, lever_rows, peak: float, checks: dict, bw: float) -> str:
         "",
         check_lines,
     ]
+    if not have_vllm:
+        parts += [
+            "",
+            "vLLM is not installed in this environment, so the rows with the vLLM engine (creditbench's "
+            "`rollout.engine=vllm` and TRL's colocate mode) are not in the table: `make install-vllm`.",
+        ]
+    for system, why in failures.items():
+        parts += ["", f"**{system}** did not run here: {why}"]
     if lever_rows:
         parts += ["", "## Each speed switch on the tiny configuration (creditbench alone)", "", lever_table(lever_rows)]
     return "\n".join(parts) + "\n"
