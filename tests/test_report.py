@@ -115,7 +115,9 @@ def _matrices(client, truth, kind: str) -> dict[str, np.ndarray]:
 def test_paired_differences_are_recomputed_from_the_outcomes(synthetic):
     tmp, _, logged, _ = synthetic
     rows = list(csv.DictReader((tmp / "results" / "synthetic" / "comparisons.csv").open()))
-    assert {(r["variant"], r["kind"]) for r in rows} == {(v, k) for v in ("dr_grpo", "dapo") for k in ("final", "auc")}
+    kinds = ("final", "auc", "final@samples", "auc@samples", "final@tokens", "auc@tokens")
+    assert {(r["variant"], r["kind"]) for r in rows} == {(v, k) for v in ("dr_grpo", "dapo") for k in kinds}
+    rows = [r for r in rows if "@" not in r["kind"]]  # at equal steps here; at equal budget: test_equal_budget_*
     for kind in ("final", "auc"):
         mats = _matrices(logged["client"], logged["truth"], kind)
         for v in ("dr_grpo", "dapo"):
@@ -157,6 +159,8 @@ def test_power_sentence_comes_first_and_says_what_its_number_is(synthetic):
     is stated (was: "differences smaller than X are not detectable", X from se·√n, problem term scaled with seeds)."""
     tmp, _, logged, summary = synthetic
     lines = [line for line in summary.read_text().splitlines() if line.strip()]
+    assert lines[1].startswith("Headline differences are at equal training steps")  # the axis, first
+    lines = lines[1:]
     assert lines[1].startswith("**countdown**: with 5 seeds and 300 evaluation problems, a difference of **")
     assert "is detected with power 0.8 at α = 0.05 (two-sided); smaller ones may be missed" in lines[1]
     assert "not detectable" not in lines[1]
@@ -356,3 +360,61 @@ def test_a_long_legend_sits_beside_the_axes_inside_the_saved_figure(tmp_path):
     plots._legend(ax)
     plots._save(fig, tmp_path / "short.png")
     assert not ax.get_legend().beside  # short labels: inside the axes as before
+
+
+def test_equal_budget_comparisons_reduce_to_equal_steps_when_every_variant_sees_the_same_samples(synthetic):
+    """Every synthetic run sees 128 samples per step and 2500 tokens per step: at equal samples and tokens the
+    comparisons are the equal-step ones (to 1e-9), over the same range."""
+    tmp, *_ = synthetic
+    rows = list(csv.DictReader((tmp / "results" / "synthetic" / "comparisons.csv").open()))
+    by = {(r["variant"], r["kind"]): r for r in rows}
+    for v in ("dr_grpo", "dapo"):
+        for kind in ("final", "auc"):
+            for axis, per_step in (("samples", 128), ("tokens", 2500)):
+                b, s = by[(v, f"{kind}@{axis}")], by[(v, kind)]
+                for col in ("estimate", "paired_lo", "paired_hi", "p_adjusted"):
+                    assert float(b[col]) == pytest.approx(float(s[col]), abs=1e-9), (v, kind, axis, col)
+                assert (float(b["budget_lo"]), float(b["budget_hi"])) == (0.0, STEPS[-1] * per_step)
+
+
+def _budget_group(variant: str, per_step: float, slope: float, offsets: list[float], uids=None):
+    from omegaconf import OmegaConf
+
+    from bench.run.report import Group, RunStats
+    from bench.run.sweep import Cell
+
+    runs = []
+    for k, e in enumerate(offsets):
+        cell = Cell({"algorithm": variant, "seed": k}, OmegaConf.create({"seed": k}), f"{variant}{k}", variant, "t")
+        curve = {s: slope * s + 0.01 * k + (e if s else 0.0) for s in STEPS}
+        x = {"samples": {s: per_step * s for s in STEPS}, "tokens": {s: 10 * per_step * s for s in STEPS}}
+        runs.append(RunStats(cell, f"r-{variant}{k}", curve, x, 20.0, 1.0, 1.0, 1.0))
+    return Group("t", variant, runs)
+
+
+def test_equal_budget_golden_values_and_a_variant_that_wins_per_step_only():
+    """A variant that draws twice the samples per step and learns twice as fast per step is the baseline per sample:
+    at equal samples the difference is its seed offsets alone (hand-computed: their mean), compared at the
+    baseline's last budget (the largest both reach) and over [0, that]; at equal steps it is ahead by 0.2, and the
+    report names it as winning per step but not per sample."""
+    from bench.run.report import BUDGETS, compare, compare_budget, per_step_not_per_budget
+    from bench.run.sweep import SweepSpec
+
+    offsets = [0.004, -0.003, 0.001, -0.002, 0.002]
+    base = _budget_group("grpo", 100.0, 0.002, [0.0] * 5)
+    fast = _budget_group("fast", 200.0, 0.004, offsets)
+    spec = SweepSpec()
+    cs = compare([base, fast], base, None, spec)
+    cs += [c for axis in BUDGETS for c in compare_budget([base, fast], base, None, spec, axis)]
+    by = {c.kind: c for c in cs}
+    assert by["final"].main.estimate == pytest.approx(0.2 + np.mean(offsets))
+    for axis, hi in (("samples", 10_000.0), ("tokens", 100_000.0)):
+        f, a = by[f"final@{axis}"], by[f"auc@{axis}"]
+        assert f.budget == (0.0, hi) and a.budget == (0.0, hi)
+        assert f.main.estimate == pytest.approx(np.mean(offsets), abs=1e-12)
+        # AUC over [0, hi]: the offset applies from the first evaluation after 0 (step 10 of the fast runs, budget
+        # 2000 samples): the mean of a curve that ramps from 0 to e over [0, 0.2 hi] and stays e is 0.9 e
+        assert a.main.estimate == pytest.approx(0.9 * np.mean(offsets), abs=1e-12)
+    named = per_step_not_per_budget(cs, 0.05)
+    assert any(s.startswith("**fast wins per step but not per sample**") for s in named), named
+    assert any("per token" in s for s in named), named

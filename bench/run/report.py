@@ -253,10 +253,11 @@ class Comparison:
     task: str
     variant: str
     baseline: str
-    kind: str  # final | auc
+    kind: str  # final | auc, or final@<budget> | auc@<budget> (at equal samples seen / tokens generated)
     paired: S.Difference | None  # seeds matched (None: fewer than 2 shared seeds)
     unpaired: S.Difference  # the same seeds, analysed as independent
     p_adjusted: float = math.nan
+    budget: tuple[float, float] | None = None  # at equal budget: the common range (lo, hi); final@ is at hi
 
     @property
     def main(self) -> S.Difference:
@@ -337,6 +338,78 @@ def compare(groups: list[Group], baseline: Group, uids, spec: SweepSpec) -> list
         family = [c for c in out if c.kind == kind]
         for c, p in zip(family, S.adjust([c.main.p for c in family], rep.correction), strict=True):
             c.p_adjusted = p
+    return out
+
+
+BUDGETS = ("samples", "tokens")  # the budget axes of the comparisons at equal budget (RunStats.x)
+
+
+def budget_curve(r: RunStats, axis: str, uids: list[str] | None) -> tuple[np.ndarray, np.ndarray]:
+    """A run's evaluations against its budget: (budgets [E], values [E, problems] or [E, 1] without outcomes)."""
+    steps = sorted(s for s in r.curve if s in r.x.get(axis, {}))
+    xs = np.maximum.accumulate(np.array([r.x[axis][s] for s in steps], dtype=float))
+    if uids is None:
+        return xs, np.array([[r.curve[s]] for s in steps], dtype=float)
+    return xs, np.array([[r.problems[s][u] for u in uids] for s in steps], dtype=float)
+
+
+def at_budget(r: RunStats, axis: str, uids, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-problem values at budget ``hi`` (linear interpolation between the evaluations around it) and their mean
+    over [lo, hi] (trapezoid of the interpolated curve / (hi − lo)): the run at equal samples or tokens."""
+    xs, ys = budget_curve(r, axis, uids)
+    grid = np.unique(np.concatenate([[lo, hi], xs[(xs > lo) & (xs < hi)]]))
+    vals = np.stack([np.interp(grid, xs, ys[:, j]) for j in range(ys.shape[1])], axis=1)  # [grid, problems]
+    auc = vals[0] if hi <= lo else np.trapezoid(vals, grid, axis=0) / (hi - lo)
+    return vals[-1], auc
+
+
+def compare_budget(groups: list[Group], baseline: Group, uids, spec: SweepSpec, axis: str) -> list[Comparison]:
+    """Each variant against the baseline at equal ``axis`` (samples seen or tokens generated), paired by seed and
+    problem: the final value at the largest budget every run of the pair reaches, and the AUC over the budget range
+    they all cover. Holm (or BH) within each kind, as at equal steps."""
+    rep, out = spec.report, []
+    for g in groups:
+        seeds = sorted(set(g.seeds) & set(baseline.seeds))
+        if g is baseline or len(seeds) < 2:
+            continue
+        rs = g.by_seed(seeds) + baseline.by_seed(seeds)
+        curves = [budget_curve(r, axis, None)[0] for r in rs]
+        if any(len(x) < 2 for x in curves):
+            continue
+        lo, hi = max(float(x[0]) for x in curves), min(float(x[-1]) for x in curves)
+        if not hi > lo:
+            continue
+        a = [at_budget(r, axis, uids, lo, hi) for r in g.by_seed(seeds)]
+        b = [at_budget(r, axis, uids, lo, hi) for r in baseline.by_seed(seeds)]
+        for i, kind in enumerate(KINDS):
+            A, B = np.stack([x[i] for x in a]), np.stack([x[i] for x in b])
+            kw = dict(alpha=rep.alpha, interval=rep.interval, reps=rep.bootstrap_reps)
+            paired, unpaired = S.difference(A, B, paired=True, **kw), S.difference(A, B, paired=False, **kw)
+            out.append(Comparison(g.task, g.variant, baseline.variant, f"{kind}@{axis}", paired, unpaired,
+                                  budget=(lo, hi)))  # fmt: skip
+    for kind in {c.kind for c in out}:
+        family = [c for c in out if c.kind == kind]
+        for c, p in zip(family, S.adjust([c.main.p for c in family], rep.correction), strict=True):
+            c.p_adjusted = p
+    return out
+
+
+def per_step_not_per_budget(cs: list[Comparison], alpha: float) -> list[str]:
+    """Sentences naming each variant that is ahead of the baseline at equal steps (adjusted p < alpha) but not at
+    equal samples seen or tokens generated."""
+    out = []
+    for v in sorted({c.variant for c in cs}):
+        ahead = [c for c in cs if c.variant == v and c.kind in KINDS and c.p_adjusted < alpha and c.main.estimate > 0]
+        for c in ahead:
+            for axis in BUDGETS:
+                b = next((x for x in cs if x.variant == v and x.kind == f"{c.kind}@{axis}"), None)
+                if b is None or (b.p_adjusted < alpha and b.main.estimate > 0):
+                    continue
+                what = "final value" if c.kind == "final" else "AUC"
+                where = f"at {_big(b.budget[1])} {axis}" if c.kind == "final" else f"over 0-{_big(b.budget[1])} {axis}"
+                out.append(f"**{v} wins per step but not per {axis[:-1]}** ({what}): {c.main.estimate:+.3f} "
+                           f"{_ci(c.main)} at equal steps (adjusted p {_p(c.p_adjusted)}), {b.main.estimate:+.3f} "
+                           f"{_ci(b.main)} {where} (adjusted p {_p(b.p_adjusted)}).")  # fmt: skip
     return out
 
 
@@ -730,7 +803,7 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
                 + " (set it with sweep.report.baseline=<variant> or in the sweep file)"
             )
         cs = compare(tg, baseline, uids, spec)
-        comparisons += cs
+        comparisons += cs + [c for axis in BUDGETS for c in compare_budget(tg, baseline, uids, spec, axis)]
         diff_curves[t] = (baseline.variant, difference_curves(tg, baseline, uids, spec))
         powers[t] = power(t, cs, tg, uids, spec)
         noises += noise_rows(tg, uids)
@@ -796,13 +869,15 @@ def _write_csvs(out, rows, runs, labels, threshold, comparisons, fitted) -> None
         w = csv.writer(f)
         w.writerow(["task", "variant", "baseline", "kind", "estimate", "paired_lo", "paired_hi", "paired_se",
                     "paired_p", "unpaired_lo", "unpaired_hi", "unpaired_se", "unpaired_p", "p_adjusted", "narrowing",
-                    "seeds", "problems", "method", "seed_var", "problem_var", "mde"])  # fmt: skip
+                    "seeds", "problems", "method", "seed_var", "problem_var", "mde", "budget_lo",
+                    "budget_hi"])  # fmt: skip
         for c in comparisons:
             p, u, m = c.paired, c.unpaired, c.main
             w.writerow([c.task, c.variant, c.baseline, c.kind, m.estimate,
                         p.lo if p else "", p.hi if p else "", p.se if p else "", p.p if p else "",
                         u.lo, u.hi, u.se, u.p, c.p_adjusted, c.narrowing, m.seeds[0], m.problems,
-                        m.method, m.seed_var, m.problem_var, m.mde() if not math.isnan(m.se) else ""])  # fmt: skip
+                        m.method, m.seed_var, m.problem_var, m.mde() if not math.isnan(m.se) else "",
+                        *(c.budget or ("", ""))])  # fmt: skip
     with (out / "fits.csv").open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["axis", "task", "variant", "A", "A_lo", "A_hi", "B", "B_lo", "B_hi", "C_mid", "C_mid_lo",
@@ -872,7 +947,10 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
     rep = spec.report
     method = {"holm": "Holm", "bh": "Benjamini-Hochberg"}[rep.correction]
     baseline_of = {c.task: c.baseline for c in comparisons}
-    lines = [f"# Sweep `{spec.name}`", ""]
+    lines = [f"# Sweep `{spec.name}`", "",
+             "Headline differences are at equal training steps (the same optimizer steps for every variant); each "
+             "task's \"at equal budget\" table compares the same variants at equal samples seen and at equal tokens "
+             "generated, and names any variant that wins per step but not per sample.", ""]  # fmt: skip
     for t in tasks:
         gains = [statistics.fmean(r.final - r.curve[min(r.curve)] for r in g.runs) for g in groups
                  if g.task == t and g.runs]  # fmt: skip
@@ -942,7 +1020,8 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
                 lines.append(f"| {v} | {_ci(f_.paired)} | {_p(f_.p_adjusted)} | {_mde(f_, rep)} | {_ci(f_.unpaired)} | "
                              f"{nar(f_)} | {_ci(a_.paired)} | {_p(a_.p_adjusted)} | {_mde(a_, rep)} | "
                              f"{_ci(a_.unpaired)} | {nar(a_)} |")  # fmt: skip
-            lines += [""] + difference_sentences(cs, spec, metric) + [""]
+            lines += [""] + difference_sentences([c for c in cs if c.kind in KINDS], spec, metric) + [""]
+            lines += budget_lines(cs, rep)
         ns = [n for n in noises if n.task == t]
         if ns:
             lines += ["### Noise: evaluation vs training", "",
@@ -993,6 +1072,42 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
     lines += ["![compute-curve fits, tokens](compute_tokens.png)", "",
               "Against samples: [compute_samples.png](compute_samples.png)", ""]  # fmt: skip
     return "\n".join(lines)
+
+
+def budget_lines(cs: list[Comparison], rep: ReportSpec) -> list[str]:
+    """The task's comparisons at equal samples seen and equal tokens generated: a table and the per-step-only
+    sentences."""
+    bs = [c for c in cs if c.budget is not None]
+    if not bs:
+        return []
+    pw = f"{100 * rep.power:g}%"
+    lines = [f"### Differences to {bs[0].baseline} at equal budget", "",
+             "Each run's curve interpolated on the budget axis (linearly between its evaluations, per problem); the "
+             "final value is compared at the largest budget every run of the pair reaches, the AUC over the budget "
+             "range they all cover; paired by seed and problem, the same intervals, adjustment (per axis and metric) "
+             "and detectable difference as at equal steps.", "",
+             f"| variant | axis | compared at | Δ final, paired [95% CI] | adj. p | detectable ({pw}) | AUC over | "
+             f"Δ AUC, paired [95% CI] | adj. p | detectable ({pw}) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for v in sorted({c.variant for c in bs}):
+        for axis in BUDGETS:
+            f_ = next((c for c in bs if c.variant == v and c.kind == f"final@{axis}"), None)
+            a_ = next((c for c in bs if c.variant == v and c.kind == f"auc@{axis}"), None)
+            if f_ is None or a_ is None:
+                continue
+            lo, hi = f_.budget
+            f_cells = f"{_big(hi)} | {_ci(f_.paired)} | {_p(f_.p_adjusted)} | {_mde(f_, rep)}"
+            a_cells = f"{_big(lo)}-{_big(hi)} | {_ci(a_.paired)} | {_p(a_.p_adjusted)} | {_mde(a_, rep)}"
+            lines.append(f"| {v} | {axis} | {f_cells} | {a_cells} |")
+    lines.append("")
+    named = per_step_not_per_budget(cs, rep.alpha)
+    if named:
+        lines += named + [""]
+    else:
+        ahead = any(c.kind in KINDS and c.p_adjusted < rep.alpha and c.main.estimate > 0 for c in cs)
+        lines += [("Every variant ahead at equal steps is ahead at equal samples and tokens too." if ahead else
+                   "No variant is ahead of the baseline at equal steps, so none wins per step only."), ""]  # fmt: skip
+    return lines
 
 
 def _fit_lines(t: str, fitted: dict) -> list[str]:
