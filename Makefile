@@ -75,8 +75,9 @@ zero-shot: install  ## benchmark: smollm2-135m greedy zero-shot accuracy and spe
 gpu-check:  ## on a CUDA machine: the vLLM engine (and multi-device) checks -> results/gpu/gpu_check.txt
 	PY=$(PY) scripts/gpu_check.sh
 
-bench: install  ## performance: creditbench GRPO vs TRL GRPOTrainer side by side -> results/perf/
+bench: install  ## performance: creditbench GRPO vs TRL GRPOTrainer side by side, and 2 processes vs 1 -> results/perf/
 	$(PY) scripts/bench.py $(ARGS)
+	$(PY) scripts/bench_ddp.py
 
 bench-compile: install  ## torch.compile, a static KV cache, bf16 sampling: do they pay here? -> results/perf/compile-<config>.md
 	$(PY) scripts/bench_compile.py $(ARGS)

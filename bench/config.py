@@ -204,10 +204,23 @@ class TrainerConfig:
     eval_every: int = 10
     checkpoint_every: int = 25
     accelerator: str = "auto"
+    devices: int = 1
+    """Processes per node (one per device: GPUs, or CPU processes with the gloo backend). >1 runs Lightning's DDP:
+    each rank samples and trains its share of every step's groups, batch statistics are reduced (bench/dist.py)."""
+    num_nodes: int = 1
+    """Machines (torchrun --nnodes, SLURM, or MASTER_ADDR / NODE_RANK for Lightning's own launcher)."""
+    strategy: str = "auto"
+    """auto (ddp when devices x num_nodes > 1) | ddp | fsdp: Lightning's strategy."""
     precision: str = "32-true"
     num_threads: int | None = None
     """torch threads (None: torch's default)."""
     progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        if self.devices < 1 or self.num_nodes < 1:
+            raise ValueError(f"trainer.devices and trainer.num_nodes must be >= 1: {self.devices}, {self.num_nodes}")
+        if self.strategy not in ("auto", "ddp", "fsdp"):
+            raise ValueError(f"trainer.strategy={self.strategy!r}: choose auto, ddp or fsdp")
 
 
 @dataclass
@@ -443,6 +456,9 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "rollout.engine_gpu_memory": 0.3,
     "rollout.engine_cpu_kv_gb": 1,
     "eval.engine": "policy",
+    "trainer.devices": 1,
+    "trainer.num_nodes": 1,
+    "trainer.strategy": "auto",
 }
 _ABSENT = object()
 

@@ -196,6 +196,8 @@ class Rollout:
     macro_index: torch.Tensor | None = None  # [B, T] long: macro action of each token, −1 on padding (rl/segment.py)
     step_rewards: torch.Tensor | None = None  # [B, T] the task's process rewards on each step's last token
     step_ends: torch.Tensor | None = None  # [B, T] bool: the tokens where the task's steps end (process rewards)
+    row_key: torch.Tensor | None = None  # [B] long: (round, global prompt, sample) of each row: one process's order
+    owned: torch.Tensor | None = None  # [B] bool: the rows this rank trains (None: all; bench/dist.py)
 
     @property
     def size(self) -> int:
@@ -212,20 +214,7 @@ class Rollout:
 
     def select_groups(self, keep: torch.Tensor) -> Rollout:
         """The rollout restricted to the groups where ``keep`` [P] is True."""
-        rows = keep.repeat_interleave(self.group_size).nonzero().squeeze(-1)
-        out = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "examples":
-                v = [e for e, k in zip(v, keep.tolist(), strict=True) if k]
-            elif f.name == "texts":
-                v = [v[i] for i in rows.tolist()]
-            elif f.name == "components":
-                v = {k: t[rows.to(t.device)] for k, t in v.items()}
-            elif isinstance(v, torch.Tensor):
-                v = v[rows.to(v.device)]
-            out[f.name] = v
-        return Rollout(**out)
+        return self.select_groups_in(keep.nonzero().squeeze(-1))
 
     @staticmethod
     def concat(parts: list[Rollout]) -> Rollout:
@@ -248,6 +237,55 @@ class Rollout:
                 out[f.name] = _pad_cat(vals, 0, left=f.name in ("prompt_ids", "prompt_mask"))
             else:
                 out[f.name] = torch.cat(vals)
+        return Rollout(**out)
+
+    def gather(self) -> Rollout:
+        """Every rank's rollout as one (bench/dist.py), rows in the order one process would hold them (by
+        ``row_key``), identical on every rank, with ``owned`` marking this rank's rows. On one process: itself."""
+        from bench import dist
+
+        if not dist.active():
+            return self
+        out, counts = {}, None
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "owned":
+                continue
+            if f.name in ("examples", "texts"):
+                out[f.name] = [x for part in dist.gather_objects(v) for x in part]
+            elif f.name == "group_size":
+                out[f.name] = v
+            elif f.name == "components":
+                out[f.name] = {k: dist.gather_rows(t)[0] for k, t in v.items()}
+            elif v is None:
+                out[f.name] = None
+            else:
+                pad = -1 if f.name == "macro_index" else 0
+                out[f.name], counts = dist.gather_rows(v, pad, left=f.name in ("prompt_ids", "prompt_mask"))
+        mine = torch.zeros(sum(counts), dtype=torch.bool, device=self.mask.device)
+        start = sum(counts[: dist.rank()])
+        mine[start : start + counts[dist.rank()]] = True
+        whole = Rollout(**out, owned=mine)
+        order = whole.row_key.argsort(stable=True)
+        groups = order[:: self.group_size] // self.group_size  # a group's rows stay together: reorder by groups
+        return whole.select_groups_in(groups)
+
+    def select_groups_in(self, groups: torch.Tensor) -> Rollout:
+        """The rollout's groups in the order ``groups`` [number of groups] gives (each group's rows kept together)."""
+        G = self.group_size
+        rows = groups.repeat_interleave(G) * G + torch.arange(G, device=groups.device).repeat(len(groups))
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "examples":
+                v = [v[i] for i in groups.tolist()]
+            elif f.name == "texts":
+                v = [v[i] for i in rows.tolist()]
+            elif f.name == "components":
+                v = {k: t[rows.to(t.device)] for k, t in v.items()}
+            elif isinstance(v, torch.Tensor):
+                v = v[rows.to(v.device)]
+            out[f.name] = v
         return Rollout(**out)
 
     def rows(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:

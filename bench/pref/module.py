@@ -29,6 +29,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from omegaconf import OmegaConf
 
+from bench import dist
 from bench.config import ConfigError, config_hash
 from bench.engine.policy import completion_logits, completion_logprobs
 from bench.engine.rollout import Rollout, sample_seed
@@ -198,7 +199,10 @@ class Preference(RLModule):
                     "sampling": [r.group_size, r.prompts_per_step, r.temperature, r.top_p, r.max_new_tokens],
                 }
             )
-            self.cache = SampleCache(Path(c.cache_dir) / "pref_samples" / f"{c.task.name}-s{c.seed}-{config_hash(key)}")
+            name = f"{c.task.name}-s{c.seed}-{config_hash(key)}"
+            if dist.active():  # each rank samples (and caches) its own share of the step's prompts
+                name += f"-rank{dist.rank()}of{dist.world()}"
+            self.cache = SampleCache(Path(c.cache_dir) / "pref_samples" / name)
         return self.cache
 
     def sample(self, batch, group_size, temperature, seeds, model=None):
@@ -347,6 +351,19 @@ class Preference(RLModule):
             )
         return ratio
 
+    def distributed_blockers(self, world: int) -> list[str]:
+        a, out = self.acfg, super().distributed_blockers(world)
+        if a.loss == "kto":
+            out.append("loss=kto's reference point scores each completion under another group's prompt, which may be "
+                       "on another rank: not reduced yet.")  # fmt: skip
+        if a.token_weighting in ("sampo", "tgdpo", "wpo"):
+            out.append(f"token_weighting={a.token_weighting} keeps per-row quantities outside the rollout (or draws "
+                       "its masks in pair order over the step): not gathered across ranks yet.")  # fmt: skip
+        if a.xpo_alpha > 0:
+            out.append("xpo_alpha > 0 samples a reference completion per prompt outside the rollout: not gathered "
+                       "across ranks yet.")  # fmt: skip
+        return out
+
     def update(self, ro: Rollout) -> dict[str, float]:
         opt, sched = self.optimizers(), self.lr_schedulers()
         params = [p for p in self.policy.parameters() if p.requires_grad]
@@ -362,20 +379,30 @@ class Preference(RLModule):
         opt.zero_grad(set_to_none=True)
         per_micro = max(1, self.cfg.train.micro_batch_size // (2 if paired else 1))
         sums: dict[str, float] = defaultdict(float)
-        for chunk in torch.arange(it.n).split(per_micro):
+        # on several ranks: the pairs (within groups) whose rows are this rank's; the loss divides by all ranks' items
+        owned = torch.ones(ro.size, dtype=torch.bool) if ro.owned is None else ro.owned.cpu()
+        mine = owned[it.w] if paired else owned[it.rows]
+        for chunk in torch.arange(it.n)[mine].split(per_micro):
             if paired:
                 loss_vec, stats = self.pair_losses(ro, it.w[chunk], it.l[chunk])
             else:
                 loss_vec, stats = self.labelled_losses(ro, it.rows[chunk], it.desirable[chunk], it.adv[chunk])
             loss = loss_vec.sum() / it.n
             if not torch.isfinite(loss):
-                opt.zero_grad(set_to_none=True)
-                self.nonfinite_skipped += 1
-                return out | {"stats/optimizer_steps": 0}
+                finite = False
+                break
             self.manual_backward(loss)
             sums["loss/total"] += float(loss.detach())
             for k, v in stats.items():
                 sums[k] += float(v.detach()) / it.n
+        else:
+            finite = True
+        if dist.any_rank(not finite):  # on any rank: every rank skips the step
+            opt.zero_grad(set_to_none=True)
+            self.nonfinite_skipped += 1
+            return out | {"stats/optimizer_steps": 0}
+        dist.all_reduce_grads(params)
+        sums = defaultdict(float, dist.sum_dict(sums))
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)
         if not torch.isfinite(grad_norm):
             opt.zero_grad(set_to_none=True)

@@ -8,6 +8,7 @@ shared code never asks an algorithm its name.
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from collections import defaultdict
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from bench import dist
 from bench.engine.behaviour import BehaviourPolicy
 from bench.engine.policy import Reference, completion_logprobs
 from bench.engine.rollout import Rollout, generate, sample_seed
@@ -203,7 +205,7 @@ class PolicyModule(L.LightningModule):
 
     def step_line(self) -> None:
         step, total = self.step_count, self.cfg.trainer.max_steps
-        if self.progress_every and (step % self.progress_every == 0 or step >= total):
+        if self.progress_every and (step % self.progress_every == 0 or step >= total) and dist.rank() == 0:
             t0, first = getattr(self, "_line_start", (time.monotonic(), step))
             per = (time.monotonic() - t0) / max(step - first, 1)
             eta = per * (total - step) / 60
@@ -218,7 +220,40 @@ class PolicyModule(L.LightningModule):
         if done:
             self.trainer.should_stop = True
         if self.checkpoint_path and (done or self.step_count % self.cfg.trainer.checkpoint_every == 0):
-            self.trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # the full state: resumable
+            self.save_checkpoint()
+
+    def save_checkpoint(self) -> None:
+        """The full state (resumable), written beside the checkpoint and renamed over it: a process killed while
+        writing leaves the previous checkpoint whole. Every rank calls it (Lightning's save is collective); rank 0
+        writes."""
+        path = self.checkpoint_path
+        tmp = path.with_name(path.name + ".partial")
+        self.trainer.save_checkpoint(tmp, weights_only=False)
+        if self.trainer.is_global_zero:
+            os.replace(tmp, path)
+        self.trainer.strategy.barrier("bench.save_checkpoint")
+
+    def check_devices(self, world: int) -> None:
+        """Fail at start-up, with the reason, on a choice that does not yet run on ``world`` > 1 processes."""
+        why = self.distributed_blockers(world) if world > 1 else []
+        if why:
+            from bench.config import ConfigError
+
+            raise ConfigError(f"trainer.devices x trainer.num_nodes = {world} processes: " + " ".join(why))
+
+    def distributed_blockers(self, world: int) -> list[str]:
+        """Sentences, one per choice that does not run on ``world`` processes; subclasses add theirs."""
+        return []
+
+    def setup(self, stage: str) -> None:
+        """After the process group exists: a per-rank seed for torch's global generator, derived from the run seed and
+        the rank (sampling is seeded per prompt and does not use it), recorded with the run."""
+        if dist.active():
+            seed = sample_seed(self.cfg.seed, "rank", dist.rank()) % 2**31
+            torch.manual_seed(seed)
+            seeds = dist.gather_objects(seed)
+            for logger in self.loggers:
+                logger.log_hyperparams({"dist/rank_seeds": ",".join(map(str, seeds))})
 
     # ---- evaluation ---------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -230,7 +265,7 @@ class PolicyModule(L.LightningModule):
         e = self.cfg.eval
         was_training = self.policy.training
         self.policy.eval()
-        examples = self.task.eval_examples()
+        examples = self.task.eval_examples()[dist.share(len(self.task.eval_examples()))]  # this rank's problems
         outcomes: list[dict] = [{"uid": ex.uid} for ex in examples]
         rows, components = [], defaultdict(list)
         for start, chunk, texts, lengths in self._generations(examples, 1, 0.0):
@@ -260,6 +295,14 @@ class PolicyModule(L.LightningModule):
                         score_mean=math.fsum(r.score for r in results) / k,
                         length_mean=sum(lengths[i * k : (i + 1) * k]) / k,
                     )
+        if dist.active():  # every rank's problems, in the set's order, so every outcome is kept and logged
+            outcomes = [o for part in dist.gather_objects(outcomes) for o in part]
+            rows = [r for part in dist.gather_objects(rows) for r in part][: e.samples_logged]
+            merged = defaultdict(list)
+            for part in dist.gather_objects(dict(components)):
+                for name, v in part.items():
+                    merged[name] += v
+            components = merged
         metrics = outcome_metrics(outcomes, k, e.pass_k)
         scores = [o["score"] for o in outcomes]
         # A component equal to the score on every problem (countdown's correct, GSM8K's strict) is eval/accuracy's
@@ -413,6 +456,31 @@ class RLModule(PolicyModule):
         ro.rewards = ro.scores
         ro.token_rewards = terminal_rewards(ro.scores, ro.mask)
 
+    def on_train_start(self) -> None:
+        model = self.trainer.strategy.model
+        if model is not self and hasattr(model, "require_backward_grad_sync"):
+            # DDP's own gradient hooks stay off: the step sums the gradients itself once a step's micro-batches are
+            # done (bench/dist.py), so ranks may run different numbers of micro-batches
+            model.require_backward_grad_sync = False
+        super().on_train_start()
+
+    def distributed_blockers(self, world: int) -> list[str]:
+        r, out = self.cfg.rollout, []
+        if r.prompts_per_step % world:
+            out.append(f"rollout.prompts_per_step={r.prompts_per_step} must divide by them (each rank takes whole "
+                       f"groups of P / {world} prompts).")  # fmt: skip
+        if r.engine == "vllm":
+            out.append("rollout.engine=vllm runs on one process for now: one engine per rank is untested here (on "
+                       "this CPU two engines would bind the same cores).")  # fmt: skip
+        if r.prompt_pool == "solvable":
+            out.append("rollout.prompt_pool=solvable screens on one process for now: use prompt_pool=all.")
+        if self.cfg.trainer.strategy == "fsdp":
+            out.append("trainer.strategy=fsdp: FSDP gathers the sharded weights inside every forward, so every rank "
+                       "must run the same forwards, but the sampling loop stops each rank at its own completions' "
+                       "end and each rank trains on its own rows (bench/dist.py); FSDP runs only SFT warm starts for "
+                       "now (on GPUs: Lightning's FSDP needs CUDA). Use trainer.strategy=ddp.")  # fmt: skip
+        return out
+
     # ---- the prompts ------------------------------------------------------------------------------------------------
     def on_fit_start(self) -> None:
         # After the policy is on its device, before the dataloader is built; a resumed run has its pool back from the
@@ -461,7 +529,8 @@ class RLModule(PolicyModule):
         # Seeds depend on (run seed, step, [resampling round,] position in the step's batch); the batch itself is a
         # pure function of (seed, step), so a run and its resumption sample identical completions.
         key = (self.step_count,) if round == 0 else (self.step_count, "round", round)
-        seeds = [sample_seed(self.cfg.seed, *key, p) for p in range(P)]
+        first = batch.get("first", 0)  # the global index of this rank's first prompt (bench/dist.py)
+        seeds = [sample_seed(self.cfg.seed, *key, first + p) for p in range(P)]
         t0 = time.perf_counter()
         gen = self.sample(batch, G, r.temperature, seeds)
         ro = Rollout(
@@ -475,6 +544,7 @@ class RLModule(PolicyModule):
             truncated=gen.truncated,
             texts=self.decode(gen.completion_ids, gen.mask),
             group_size=G,
+            row_key=((round * batch.get("total", P) + first) * G + torch.arange(P * G)).to(self.device),
         )
         t1 = time.perf_counter()
         self.score(ro)
@@ -551,9 +621,19 @@ class RLModule(PolicyModule):
             decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731  (as in decode())
             ro.step_rewards, ro.step_ends = step_token_rewards(steps, ro.completion_ids, ro.mask, decode)
 
+    @staticmethod
+    def local_prompts(batch: dict) -> dict:
+        """This rank's contiguous share of the step's global prompt batch (whole groups: a group never spans ranks),
+        with the global index of its first prompt and the global count, which seed its samples and order its rows."""
+        n = len(batch["examples"])
+        part = dist.part(n)
+        return {**{k: v[part] for k, v in batch.items()}, "first": part.start, "total": n}
+
     def collect(self, batch: dict) -> tuple[Rollout, dict[str, float], Rollout]:
         """Generate and score P groups; with a group filter (DAPO's dynamic sampling), keep sampling fresh prompts
-        until P groups pass or ``max_sampling_rounds`` is reached. Every generated token counts towards the cost."""
+        until P groups pass or ``max_sampling_rounds`` is reached. Every generated token counts towards the cost.
+        On several ranks each samples its share of every round's prompts, and the groups kept are the first passing
+        ones in the global order, as on one process; the returned rollouts are this rank's."""
         P = len(batch["examples"])
         parts, kept, generated, rounds = [], 0, [], 0
         while kept < P and rounds < self.max_sampling_rounds:
@@ -561,26 +641,22 @@ class RLModule(PolicyModule):
                 batch = self.trainer.datamodule.transfer_batch_to_device(
                     self.task.sample_prompts(P, (self.cfg.seed, self.step_count, rounds)), self.device, 0
                 )
-            ro = self.make_rollout(batch, rounds)
+            local = self.local_prompts(batch)
+            ro = self.make_rollout(local, rounds)
             generated.append(ro)
             keep = self.keep_groups(ro)
             if keep is not None:
-                keep = keep & (keep.cumsum(0) <= P - kept)  # never more than P groups in all
-                ro = ro.select_groups(keep)
+                every, _ = dist.gather_rows(keep)  # the global round's decisions, in prompt order
+                every = every & (every.cumsum(0) <= P - kept)  # never more than P groups in all
+                kept += int(every.sum())
+                ro = ro.select_groups(every[dist.part(P)])
+            else:
+                kept += P
             parts.append(ro)
-            kept += ro.num_groups
             rounds += 1
         ro = Rollout.concat(parts)
         everything = Rollout.concat(generated)
-        stats = {
-            "rollout/sampling_rounds": rounds,
-            "rollout/groups_kept": kept,
-            "rollout/generated_samples": everything.size,
-            "rollout/generated_tokens": int(everything.lengths.sum()),
-        }
-        self.samples_seen += everything.size
-        self.tokens_generated += int(everything.lengths.sum())
-        return ro, stats, everything
+        return ro, {"rollout/sampling_rounds": rounds, "rollout/groups_kept": kept}, everything
 
     def old_logp_deferred(self, batch_rows: int) -> bool:
         """``train.old_logp_from_update`` applies: the sampler is not the learner, one optimizer step over the rollout,
@@ -639,6 +715,7 @@ class RLModule(PolicyModule):
 
     def training_step(self, batch: dict, batch_idx: int):
         t0 = time.perf_counter()
+        dist.take_collective_s()  # count this step's collectives only (not the evaluation's before it)
         self.extra_tokens = 0
         self.timer = defaultdict(float)
         self.step_stats = {}
@@ -646,13 +723,22 @@ class RLModule(PolicyModule):
         ro, collect_stats, everything = self.collect(batch)
         t1 = time.perf_counter()
         stats: dict[str, float] = {}
-        if ro.size > 0:
+        if ro.size > 0:  # per row, where the rows are (on several ranks: this rank's)
             self.behaviour_logprobs(ro)
+        # On several ranks every rank now holds the global batch, and what follows reads batch-wide statistics exactly
+        # as one process does; the update runs forward and backward on this rank's rows only (self.owned).
+        ro, everything = ro.gather(), everything.gather()
+        if ro.size > 0:
             self.correct_behaviour(ro)
             self.shape_rewards(ro)
             ro.adv = self.advantages(ro)
             stats = self.update(ro)
         t2 = time.perf_counter()
+        self.extra_tokens = int(dist.sum_floats(self.extra_tokens)[0])
+        self.samples_seen += everything.size
+        self.tokens_generated += int(everything.lengths.sum())
+        collect_stats |= {"rollout/generated_samples": everything.size,
+                          "rollout/generated_tokens": int(everything.lengths.sum())}  # fmt: skip
         self.tokens_generated += self.extra_tokens
         G = ro.group_size
         # reward/ and rollout/ statistics describe every generated sample (what the policy did), not only the kept ones
@@ -673,6 +759,8 @@ class RLModule(PolicyModule):
             "time/update": t2 - t1,
             "time/step": t2 - t0,
         }
+        if dist.active():  # this rank's seconds in the step's collectives (gathers, gradient all-reduce, sums)
+            m["time/collectives"] = dist.take_collective_s()
         if self.behaviour.engine is not None:  # rollout.engine=vllm: the weight pushes and what the engine holds
             m["time/weight_sync"], self.behaviour.sync_s = self.behaviour.sync_s, 0.0
             m.update(self.behaviour.engine.memory())
@@ -699,11 +787,14 @@ class RLModule(PolicyModule):
         t, r = self.cfg.train, self.cfg.rollout
         opt, sched = self.optimizers(), self.lr_schedulers()
         params = [p for p in self.policy.parameters() if p.requires_grad]
+        synced = [p for group in opt.param_groups for p in group["params"]]  # the critic's too (actor-critic)
         B = ro.size
-        active = torch.ones(B, dtype=torch.bool, device=self.device)  # [B] rows that can carry a gradient
+        # [B] rows that can carry a gradient: on several ranks only this rank's (the global batch is on every rank,
+        # the denominators below are the global batch's, the gradients are summed over ranks before clipping)
+        active = torch.ones(B, dtype=torch.bool, device=self.device) if ro.owned is None else ro.owned.clone()
         if t.skip_zero_adv and self.zero_adv_rows_inert:
             nonzero = ro.adv != 0
-            active = (nonzero & ro.train_mask.bool()).any(1) if ro.adv.dim() == 2 else nonzero
+            active &= (nonzero & ro.train_mask.bool()).any(1) if ro.adv.dim() == 2 else nonzero
         mb_size = t.minibatch_size or B
         assert B % mb_size == 0, f"rollout batch {B} is not divisible by train.minibatch_size={mb_size}"
         sums: dict[str, float] = defaultdict(float)
@@ -721,7 +812,7 @@ class RLModule(PolicyModule):
                     fwd = fwd.sort().values
                 elif t.trim_padding:
                     fwd = fwd[ro.mask[fwd].sum(1).argsort(descending=True, stable=True)]
-                fwd_tokens = max(float(ro.train_mask[fwd].sum()), 1.0)
+                fwd_tokens = max(dist.sum_floats(float(ro.train_mask[fwd].sum()))[0], 1.0)  # all ranks' rows run
                 if len(fwd) == 0:  # nothing carries a gradient: step on zeros, as the full computation would
                     for p in params:
                         p.grad = torch.zeros_like(p)
@@ -755,6 +846,13 @@ class RLModule(PolicyModule):
                     )
                     for k, v in stats.items():
                         step_stats[k] += w * float(v)
+                finite = not dist.any_rank(not finite)
+                if finite:
+                    dist.all_reduce_grads(synced)
+                    keys = sorted(step_stats)
+                    step_stats = defaultdict(
+                        float, zip(keys, dist.sum_floats(*(step_stats[k] for k in keys)), strict=True)
+                    )
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)
                 if not finite or not torch.isfinite(grad_norm):
                     # Non-finite loss or gradient: skip this update, count it, continue.

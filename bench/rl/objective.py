@@ -464,6 +464,13 @@ class PolicyGradient(RLModule):
     def max_sampling_rounds(self) -> int:
         return self.acfg.max_sampling_rounds if self.acfg.dynamic_sampling else 1
 
+    def distributed_blockers(self, world: int) -> list[str]:
+        out = super().distributed_blockers(world)
+        if getattr(TRUST_REGIONS[self.acfg.trust_region], "row_coupled", False):
+            out.append(f"trust_region={self.acfg.trust_region} selects tokens by a covariance over each micro-batch "
+                       "(the authors' and verl's rule); across ranks that selection is not reduced yet.")  # fmt: skip
+        return out
+
     def keep_groups(self, ro: Rollout):
         if not self.acfg.dynamic_sampling:
             return None

@@ -64,6 +64,11 @@ class Resources:
     """Threads (and Ray CPUs) per cell; None: the machine's cores split evenly across the workers."""
     gpus_per_cell: float = 0.0
     """Ray GPUs per cell (fractions share a GPU)."""
+    devices_per_cell: int = 1
+    """Devices one cell's run spreads over (its ``trainer.devices``: Lightning's DDP, or ``trainer.strategy``). The
+    local launcher hands each running cell a disjoint set of that many GPUs (CUDA_VISIBLE_DEVICES) and runs at most
+    (GPUs // devices_per_cell) cells at once; on CPU each cell's processes share its threads. On Ray a cell's task asks
+    for that many GPUs when gpus_per_cell > 0, and for devices_per_cell x cpus_per_cell CPUs."""
 
 
 @dataclass
@@ -276,25 +281,45 @@ def _die_with_parent() -> None:
 
 
 class LocalLauncher:
-    """Cells as subprocesses of the driver, ``workers`` at a time."""
+    """Cells as subprocesses of the driver, ``workers`` at a time; with GPUs, each running cell holds its own
+    ``resources.devices_per_cell`` of them."""
 
     def __init__(self, spec: SweepSpec):
+        n = spec.resources.devices_per_cell
+        gpus = _visible_gpus()
+        self.free: list[str] | None = None
         self.concurrency = spec.workers
+        if gpus:
+            if len(gpus) < n:
+                raise ConfigError(f"resources.devices_per_cell={n}: this machine has {len(gpus)} GPU(s) ({gpus})")
+            self.free = gpus
+            self.concurrency = min(spec.workers, len(gpus) // n)
+        self.per_cell = n
         self.procs: set[subprocess.Popen] = set()
         self.lock = threading.Lock()
 
     def run(self, argv: list[str], log: Path, cpus: int, gpus: float, env: dict[str, str]) -> int:
-        with log.open("a") as f:
-            proc = subprocess.Popen(
-                argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
-            )
+        held: list[str] = []
+        if self.free is not None:  # at most `concurrency` cells run, so enough GPUs are free for this one
             with self.lock:
-                self.procs.add(proc)
-            try:
-                return proc.wait()
-            finally:
+                held, self.free = self.free[: self.per_cell], self.free[self.per_cell :]
+            env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(held)}
+        try:
+            with log.open("a") as f:
+                proc = subprocess.Popen(
+                    argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+                )
                 with self.lock:
-                    self.procs.discard(proc)
+                    self.procs.add(proc)
+                try:
+                    return proc.wait()
+                finally:
+                    with self.lock:
+                        self.procs.discard(proc)
+        finally:
+            if held:
+                with self.lock:
+                    self.free = self.free + held
 
     def stop(self) -> None:
         """Graceful: SIGTERM lets each cell checkpoint at a step boundary and mark its MLflow run KILLED."""
@@ -304,6 +329,15 @@ class LocalLauncher:
 
     def close(self) -> None:
         pass
+
+
+def _visible_gpus() -> list[str]:
+    """The GPUs this driver may hand out (CUDA_VISIBLE_DEVICES when set), without initialising CUDA here."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return [d for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
 def _ray_run(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[int, str]:
@@ -321,7 +355,7 @@ class RayLauncher:
     def __init__(self, spec: SweepSpec):
         import ray
 
-        self.ray = ray
+        self.ray, self.per_cell = ray, spec.resources.devices_per_cell
         if not ray.is_initialized():
             ray.init(address=spec.ray_address, include_dashboard=False, log_to_driver=False)
         self.remote = ray.remote(_ray_run)
@@ -330,6 +364,9 @@ class RayLauncher:
         self.lock = threading.Lock()
 
     def run(self, argv: list[str], log: Path, cpus: int, gpus: float, env: dict[str, str]) -> int:
+        if gpus > 0 and self.per_cell > 1:  # whole GPUs, one per rank (Ray sets the task's CUDA_VISIBLE_DEVICES)
+            gpus = float(self.per_cell)
+        cpus *= self.per_cell  # each rank its threads
         ref = self.remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=0).remote(argv, str(ROOT), env)
         with self.lock:
             self.refs.add(ref)
@@ -427,6 +464,8 @@ class Sweep:
         }
         cfg.trainer.progress_bar = False
         cfg.trainer.num_threads = threads
+        if self.spec.resources.devices_per_cell > 1:  # one run on several devices (bench/dist.py)
+            cfg.trainer.devices = self.spec.resources.devices_per_cell
         path = self.dir / "cells" / f"{cell.id}.yaml"
         path.write_text(to_yaml(cfg))
         return path
@@ -475,7 +514,10 @@ class Sweep:
             ) from None
         launcher = LAUNCHERS[launcher_name or self.spec.launcher](self.spec)
         workers = max(1, min(launcher.concurrency, len(self.cells)))
-        threads = self.spec.resources.cpus_per_cell or max(1, (os.cpu_count() or 1) // min(workers, self.spec.workers))
+        per_cell = self.spec.resources.devices_per_cell  # processes per cell: they share the cell's cores
+        threads = self.spec.resources.cpus_per_cell or max(
+            1, (os.cpu_count() or 1) // (min(workers, self.spec.workers) * per_cell)
+        )
         parent = self.parent_run(overrides)
         self.stale_warm_starts()
         paths = {c.id: self.cell_config(c, parent, threads) for c in self.cells}

@@ -9,8 +9,10 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import os
 import shutil
 import signal
+import tempfile
 import threading
 import time
 import warnings
@@ -21,10 +23,11 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bench import ROOT
+from bench import ROOT, dist
 from bench.config import ConfigError, compose, config_hash, flatten, to_yaml
 from bench.engine.policy import Reference, load_policy
 from bench.registry import ALGORITHMS, TASKS
@@ -65,6 +68,11 @@ _NOT_IN_KEY = (
     "train.skip_zero_adv",
     "train.trim_padding",
     "train.share_prompt_forward",
+    # where it runs: one process or several compute the same update (bench/dist.py), so they share one warm start
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.strategy",
 )
 
 
@@ -112,6 +120,11 @@ class _Interrupted(Callback):
     Both stop at a step boundary, so the checkpoint and the MLflow history agree (no step logged twice on resume):
     Lightning defers SIGTERM itself; the first Ctrl-C is deferred here to the start of the next step, a second one
     stops at once.
+
+    On several processes a signal may reach one rank only (SIGTERM to rank 0, a scheduler's to one node). Every rank
+    then records it here, and at the next step's start the ranks agree (one all-reduce) and all stop together, so the
+    checkpoint is written collectively. Lightning's own SIGTERM handler is replaced there: it SIGKILLs the launcher's
+    other ranks and broadcasts from inside the handler, which deadlocks against the step's own collectives.
     """
 
     def __init__(self, ckpt: Path, logger: BenchLogger):
@@ -124,11 +137,22 @@ class _Interrupted(Callback):
         self.requested = True
         print("\n[creditbench] Ctrl-C: stopping after this step (Ctrl-C again to stop now)", flush=True)
 
+    def _on_sigterm(self, signum, frame):
+        self.terminated = True
+
     def on_train_start(self, trainer, pl_module):
+        self.terminated, self.previous_term = False, None
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+            if trainer.world_size > 1:
+                self.previous_term = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.world_size > 1:
+            interrupted, terminated = dist.sum_floats(float(self.requested), float(self.terminated))
+            if terminated:
+                raise SIGTERMException()
+            self.requested = self.requested or interrupted > 0
         if self.requested:
             raise KeyboardInterrupt
 
@@ -136,6 +160,9 @@ class _Interrupted(Callback):
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
             self.previous = None
+        if getattr(self, "previous_term", None) is not None:
+            signal.signal(signal.SIGTERM, self.previous_term)
+            self.previous_term = None
 
     def on_exception(self, trainer, pl_module, exception):
         if isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
@@ -144,10 +171,12 @@ class _Interrupted(Callback):
             self.logger.experiment.set_tag(
                 self.logger.run_id, "interrupted", f"{type(exception).__name__} at step {pl_module.step_count}"
             )
-            print(
-                f"\ninterrupted at step {pl_module.step_count}; checkpoint {self.ckpt}\n"
-                f"continue with: python -m bench train resume={self.ckpt.parent.parent}"
-            )
+            if trainer.is_global_zero:
+                print(
+                    f"\ninterrupted at step {pl_module.step_count}; checkpoint {self.ckpt}\n"
+                    f"continue with: python -m bench train resume={self.ckpt.parent.parent}"
+                    + (" (under the same launcher: every rank resumes)" if trainer.world_size > 1 else "")
+                )
 
 
 def ensure_sft(cfg: DictConfig) -> Path:
@@ -165,6 +194,7 @@ def ensure_sft(cfg: DictConfig) -> Path:
                 "max_steps": cfg.warm_start.max_steps,
                 "num_threads": cfg.trainer.num_threads,
                 "progress_bar": cfg.trainer.progress_bar,
+                **{k: cfg.trainer[k] for k in ("accelerator", "devices", "num_nodes", "strategy")},
             },
             "rollout": {"max_new_tokens": cfg.rollout.max_new_tokens},
         },
@@ -198,6 +228,8 @@ def cached_run(cfg: DictConfig, run: DictConfig, kind: str, label: str) -> Path:
     sweep = {k: v for k, v in cfg.tracking.tags.items() if k == "sweep"}  # the sweep that trained it, for provenance
     run.tracking.tags = sweep | {"role": "warm_start", "warm_start.key": key, "warm_start.kind": kind}
     target = _path(cfg.cache_dir) / kind / f"{cfg.task.name}-{cfg.model.name}-s{cfg.seed}-{key}"
+    if dist.env_rank(cfg.trainer.devices) > 0:
+        return _join_cached_run(run, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     # One process trains a given warm start; concurrent runs (a sweep's workers) wait for it and reuse it.
     with open(target.with_name(target.name + ".lock"), "w") as lock:
@@ -213,6 +245,20 @@ def cached_run(cfg: DictConfig, run: DictConfig, kind: str, label: str) -> Path:
         if target.exists():  # a leftover without DONE from a killed run
             shutil.rmtree(target)
         tmp.rename(target)
+    return target
+
+
+def _join_cached_run(run: DictConfig, target: Path, wait_s: float = 3600) -> Path:
+    """Rank > 0 of a run on several processes: every rank runs the whole command, so this rank reaches the warm start
+    too. If rank 0 found it cached it never trains it (nor does this rank); otherwise this rank takes part in its
+    training, and waits for rank 0 to store it (rank 0 alone holds the cache's lock and writes it)."""
+    if not (target / "DONE").exists():
+        train(run)
+        deadline = time.monotonic() + wait_s
+        while not (target / "DONE").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 did not store the warm start {target} within {wait_s:.0f} s")
+            time.sleep(0.5)
     return target
 
 
@@ -259,7 +305,12 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
 
     run_name = cfg.tracking.run_name or f"{cfg.task.name}-{cfg.algorithm.name}-s{cfg.seed}"
     run_id = None
-    if resume_dir is None:
+    rank = dist.env_rank(cfg.trainer.devices)
+    rank_zero_only.rank = rank  # before the process group exists: only rank 0 talks to MLflow and writes files
+    scratch = resume_dir is None and rank > 0 and not os.environ.get("BENCH_RUN_DIR")
+    if resume_dir is None and rank > 0:  # rank 0's directory (its launcher passes it on), else a private scratch one
+        run_dir = Path(os.environ.get("BENCH_RUN_DIR") or tempfile.mkdtemp(prefix=f"{run_name}-rank{rank}-"))
+    elif resume_dir is None:
         run_dir = _path(cfg.output_dir) / f"{run_name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**6:06d}"
         run_dir.mkdir(parents=True)
     else:
@@ -296,6 +347,9 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
     except BaseException as e:
         _end_failed_start(logger, e)
         raise
+    finally:
+        if scratch:  # torchrun's ranks > 0 kept nothing there: rank 0 writes the run's files
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _end_failed_start(logger: BenchLogger, error: BaseException) -> None:
@@ -305,15 +359,19 @@ def _end_failed_start(logger: BenchLogger, error: BaseException) -> None:
     if rid is None:  # no MLflow run was created
         return
     client = logger.experiment
-    if client.get_run(rid).info.status != "RUNNING":
-        return
     killed = isinstance(error, (KeyboardInterrupt, SIGTERMException))
+    run = client.get_run(rid)
+    if run.info.status != "RUNNING":  # Lightning ended it FAILED: say why (e.g. another rank died: gloo's "closed")
+        if not killed and "error" not in run.data.tags:
+            client.set_tag(rid, "error", f"{type(error).__name__}: {error}"[:4000])
+        return
     client.set_tag(rid, "error", f"{type(error).__name__}: {error}"[:4000])
     client.set_terminated(rid, "KILLED" if killed else "FAILED")
 
 
 def _fit(cfg, module, dm, policy, tokenizer, logger, run_dir, uri, resume_dir) -> RunResult:
-    if resume_dir is None:
+    lead = rank_zero_only.rank == 0
+    if resume_dir is None and lead:
         logger.log_hyperparams(flatten(cfg))
         logger.log_text(to_yaml(cfg), "config.yaml")
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -330,9 +388,17 @@ def _fit(cfg, module, dm, policy, tokenizer, logger, run_dir, uri, resume_dir) -
         callbacks.append(_StepProgressBar())
     else:  # a sweep's cells and warm starts write to log files: one [progress] line per 5% (PolicyModule.step_line)
         module.progress_every = max(1, cfg.trainer.max_steps // 20)
+    world = cfg.trainer.devices * cfg.trainer.num_nodes
+    if world > 1:
+        module.check_devices(world)  # a choice whose statistic is not reduced across ranks fails here, with why
+        os.environ["BENCH_RUN_DIR"] = str(run_dir)  # Lightning's launcher starts ranks 1.. with rank 0's environment
+        logger.log_hyperparams({"dist/world_size": world, "dist/backend": "nccl" if torch.cuda.is_available() and (
+            cfg.trainer.accelerator in ("gpu", "cuda", "auto")) else "gloo"})  # fmt: skip
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator,
-        devices=1,
+        devices=cfg.trainer.devices,
+        num_nodes=cfg.trainer.num_nodes,
+        strategy=_strategy(cfg.trainer.strategy, world),
         precision=cfg.trainer.precision,
         max_steps=-1,
         max_epochs=-1,
@@ -350,10 +416,24 @@ def _fit(cfg, module, dm, policy, tokenizer, logger, run_dir, uri, resume_dir) -
         module.reference.to(trainer.strategy.root_device)
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt if resume_dir is not None else None)
     final = run_dir / "final"
-    policy.save_pretrained(final)
-    tokenizer.save_pretrained(final)
-    logger.log_json({"eval_history": module.eval_history}, "eval_history.json")
+    if lead:
+        policy.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+        logger.log_json({"eval_history": module.eval_history}, "eval_history.json")
     return RunResult(run_id=logger.run_id, run_dir=run_dir, eval_history=module.eval_history)
+
+
+def _strategy(name: str, world: int):
+    """Lightning's strategy: one device (auto), or DDP / FSDP over ``world`` processes. DDP's own gradient hooks are
+    not used by the RL modules (they sum gradients themselves after a step's micro-batches: bench/dist.py), which
+    also lets ranks run different numbers of micro-batches."""
+    if world == 1 and name == "auto":
+        return "auto"
+    if name == "fsdp":
+        return "fsdp"
+    from lightning.pytorch.strategies import DDPStrategy
+
+    return DDPStrategy(find_unused_parameters=False)
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> DictConfig:

@@ -1,0 +1,302 @@
+"""One run on several processes (bench/dist.py): Lightning's DDP strategy on CPU with gloo, launched by torchrun, by
+Lightning's own launcher (trainer.devices=2), by two torchrun "nodes" on this machine, and by the sweep driver (local
+pool and a local Ray cluster). Real processes, real MLflow stores; the step's samples are injected
+(tests/dist_step.py) where parameters are compared, so one process and two see the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+
+from bench import ROOT
+from bench.config import ConfigError, compose
+from bench.engine.policy import load_policy
+from tests.conftest import SMALL
+
+HELPER = ROOT / "tests" / "dist_step.py"
+ALGORITHMS = ["grpo", "dapo", "reinforce_pp", "ppo", "cispo", "dpo"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _torchrun(out: Path, algorithms: list[str], *extra: str, nproc: int = 1, timeout: int = 900) -> dict[str, dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(HELPER), str(out), ",".join(algorithms), *extra]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    return _results(p.stdout)
+
+
+def _results(stdout: str) -> dict[str, dict]:
+    lines = [json.loads(x.split(" ", 1)[1]) for x in stdout.splitlines() if x.startswith("DIST-RESULT ")]
+    return {r["algorithm"]: r for r in lines}
+
+
+def _final(result: dict) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(result["run_dir"]) / "final" / "model.safetensors"))
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _initial() -> dict[str, torch.Tensor]:
+    """The helper's model before any step (its seed 0), under the names the final checkpoint uses."""
+    cfg = OmegaConf.to_object(compose(["algorithm=grpo", "task=countdown", *SMALL]))
+    policy, _ = load_policy(cfg.model, 0)
+    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    return _torchrun(tmp_path_factory.mktemp("one"), ALGORITHMS)
+
+
+def test_one_step_on_two_processes_equals_one_process(one_process, tmp_path):
+    """GRPO, DAPO (dynamic sampling), REINFORCE++ (batch-whitened advantages), PPO (its critic too), CISPO (two
+    minibatches per rollout) and DPO: one optimizer step on 2 processes gives the parameters 1 process gives on the
+    same global batch, to float32 summation order (bound 1e-5, and 1 % of what the step itself moved)."""
+    two = _torchrun(tmp_path, ALGORITHMS, nproc=2)
+    start = _initial()
+    for a in ALGORITHMS:
+        p1, p2 = _final(one_process[a]), _final(two[a])
+        moved = _max_diff({k: p1[k] for k in start if k in p1}, {k: start[k] for k in start if k in p1})
+        diff = _max_diff(p1, p2)
+        print(f"{a}: 2 processes vs 1: max |diff| {diff:.2e}; the step moved {moved:.2e}")
+        assert moved > 1e-4, (a, moved)  # the step did something
+        assert diff < min(1e-5, 0.01 * moved), (a, diff, moved)
+
+
+def test_a_statistic_not_reduced_across_ranks_fails_at_start_up_with_why(tmp_path):
+    """Choices the step cannot yet reduce across ranks stop the run before its first step, naming the choice."""
+    from bench.registry import ALGORITHMS as REG
+    from bench.registry import TASKS
+
+    for algorithm, extra, words in [
+        ("grpo", ["rollout.prompts_per_step=3"], "rollout.prompts_per_step=3 must divide"),
+        ("clip_cov", [], "trust_region=clip_cov"),
+        ("kto", [], "loss=kto"),
+        ("grpo", ["trainer.strategy=fsdp"], "trainer.strategy=fsdp"),
+    ]:
+        cfg = OmegaConf.to_object(compose([f"algorithm={algorithm}", "task=countdown", *SMALL, *extra]))
+        policy, tok = load_policy(cfg.model, 0)
+        task = TASKS.get("countdown")(cfg.task, tok, seed=0, prompts_per_step=cfg.rollout.prompts_per_step)
+        module = REG.get(algorithm)(cfg, policy, tok, task)
+        with pytest.raises(ConfigError, match="2 processes") as e:
+            module.check_devices(2)
+        assert words in str(e.value), str(e.value)
+        module.check_devices(1)  # one process: nothing to reduce
+
+
+# ---- slow: whole runs ----------------------------------------------------------------------------------------------
+COIN = '''
+from bench.task import RewardResult
+from tasks.countdown import Countdown
+
+
+class Coin(Countdown):
+    """Countdown's prompts; a completion scores 1 when its first character has an even code point (a test task the
+    untrained tiny model scores about half on, so GRPO has signal from step 0)."""
+
+    def reward(self, example, completion):
+        score = float(bool(completion) and ord(completion[0]) % 2 == 0)
+        return RewardResult(score=score, components={"correct": score})
+'''
+
+
+def _curve(result: dict, store: Path, key: str) -> list[tuple[int, float]]:
+    client = MlflowClient(f"sqlite:///{store}")
+    return [(m.step, m.value) for m in sorted(client.get_metric_history(result["run_id"], key), key=lambda m: m.step)]
+
+
+@pytest.mark.slow
+def test_twenty_grpo_steps_on_two_processes_give_one_process_eval_curve(tmp_path):
+    """Real sampling and rewards (a dropped-in coin task the tiny model scores about half on): each rank samples its
+    own prompts' groups from their global seeds, so 2 processes draw what 1 draws; the held-out curve (greedy, split
+    across ranks and gathered) and the training reward match step for step, and the parameters after 20 steps agree
+    to float32 summation order (batched decoding of 2 prompts instead of 4 pads differently, which can move a logit by
+    ~1e-7; a sampled token that flipped would show in the reward curve)."""
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "coin.py").write_text(COIN)
+    extra = [f"include={tmp_path / 'tasks'}", "inject=false", "task=coin", "trainer.max_steps=20",
+             "trainer.eval_every=5", "task.num_eval=24", "eval.batch_size=24", "optim.lr=3e-3"]  # fmt: skip
+    one = _torchrun(tmp_path / "one", ["grpo"], *extra)["grpo"]
+    two = _torchrun(tmp_path / "two", ["grpo"], *extra, nproc=2)["grpo"]
+    for key in ("eval/accuracy", "reward/mean"):
+        c1 = _curve(one, tmp_path / "one" / "grpo" / "mlflow.db", key)
+        c2 = _curve(two, tmp_path / "two" / "grpo" / "mlflow.db", key)
+        diff = max(abs(a[1] - b[1]) for a, b in zip(c1, c2, strict=True))
+        print(f"{key}: 1 process {[round(v, 3) for _, v in c1]}\n{key}: 2 processes {[round(v, 3) for _, v in c2]}")
+        assert [s for s, _ in c1] == [s for s, _ in c2] and len(c1) >= 5, (c1, c2)
+        assert diff == 0.0, (key, diff)
+    assert len({v for _, v in _curve(one, tmp_path / "one" / "grpo" / "mlflow.db", "reward/mean")}) > 1  # it moved
+    diff, moved = _max_diff(_final(one), _final(two)), _max_diff(_final(one), _initial())
+    print(f"after 20 steps: max |diff| of the parameters {diff:.2e}; training moved them {moved:.2e}")
+    assert diff < 1e-4 and diff < 0.01 * moved, (diff, moved)
+
+
+def _small_run(tmp: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "bench", "train", "algorithm=grpo", "task=countdown", *SMALL,
+            "trainer.max_steps=400", "trainer.eval_every=1000", "trainer.devices=2", "trainer.accelerator=cpu",
+            f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", f"output_dir={tmp / 'runs'}",
+            f"cache_dir={tmp / 'cache'}", *extra]  # fmt: skip
+
+
+def _started(tmp: Path, proc, steps: int = 3) -> tuple[Path, str]:
+    """Wait until the run has logged ``steps`` training steps; -> (its directory, its MLflow run id)."""
+    deadline, client = time.time() + 300, MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        dirs = list((tmp / "runs").glob("*/run.json")) if (tmp / "runs").exists() else []
+        if dirs:
+            run_id = json.loads(dirs[0].read_text())["mlflow_run_id"]
+            if len(client.get_metric_history(run_id, "reward/mean")) >= steps:
+                return dirs[0].parent, run_id
+        time.sleep(1)
+    raise AssertionError("the 2-process run never logged its first steps")
+
+
+@pytest.mark.slow
+def test_two_process_run_stopped_by_sigterm_to_rank_0_resumes_to_one_finished_run(tmp_path):
+    """SIGTERM reaches rank 0 only (as `kill` would): both ranks stop at the same step boundary, the checkpoint is
+    written whole, the MLflow run is KILLED; resume= (the same command) restarts both ranks from it and the one MLflow
+    run ends FINISHED with every step logged exactly once."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(_small_run(tmp_path), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    run_dir, run_id = _started(tmp_path, proc)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode != 0, output[-2000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED" and "SIGTERM" in run.data.tags.get("interrupted", ""), (run.info, output[-2000:])
+    assert run.data.params["dist/world_size"] == "2"
+    assert (run_dir / "checkpoints" / "last.ckpt").exists() and not list(run_dir.glob("checkpoints/*.partial"))
+    stop = max(m.step for m in client.get_metric_history(run_id, "reward/mean")) + 3
+    cmd = [sys.executable, "-m", "bench", "train", f"resume={run_dir}", f"trainer.max_steps={stop}"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    runs = client.search_runs([run.info.experiment_id])
+    assert [r.info.run_id for r in runs] == [run_id] and runs[0].info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run_id, "reward/mean")] == list(range(stop))
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_ends_the_run_failed_with_the_reason(tmp_path):
+    """SIGKILL to rank 1 (a lost device or node): rank 0's next collective fails, and the MLflow run ends FAILED with
+    the error, instead of staying RUNNING."""
+    proc = subprocess.Popen(_small_run(tmp_path), cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    _, run_id = _started(tmp_path, proc)
+    ranks = subprocess.run(["pgrep", "-f", f"bench.__main__ train .*output_dir={tmp_path / 'runs'}"],
+                           capture_output=True, text=True).stdout.split()  # fmt: skip
+    assert ranks, "rank 1 (Lightning's launcher re-runs the command as bench.__main__) not found"
+    os.kill(int(ranks[0]), signal.SIGKILL)
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode != 0, output[-2000:]
+    run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id)
+    assert run.info.status == "FAILED", run.info.status
+    assert run.data.tags.get("error"), run.data.tags
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_through_torchrun_equal_one_process(one_process, tmp_path):
+    """Two torchrun agents (--nnodes 2, one process each, rendezvous on localhost), as two machines would run it:
+    Lightning reads the world from torchrun's environment (devices 1 x num_nodes 2); GRPO's step equals 1 process's."""
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                *TORCHRUN,
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={n}",
+                "--rdzv_backend=c10d",
+                f"--rdzv_endpoint=127.0.0.1:{port}",
+                "--rdzv_id=bench-two-nodes",
+                str(HELPER),
+                str(tmp_path),
+                "grpo",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for n in (0, 1)
+    ]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[-3000:] for o in outs]
+    two = _results(outs[0] + outs[1])["grpo"]
+    run = MlflowClient(f"sqlite:///{tmp_path / 'grpo' / 'mlflow.db'}").get_run(two["run_id"])
+    assert run.data.params["dist/world_size"] == "2"
+    diff = _max_diff(_final(one_process["grpo"]), _final(two))
+    print(f"two torchrun nodes vs 1 process: max |diff| {diff:.2e}")
+    assert diff < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["local", "ray"])
+def test_a_sweep_cell_runs_on_two_devices(tmp_path, launcher):
+    """resources.devices_per_cell=2: the cell's run is one MLflow run on 2 processes (its world size recorded),
+    through the local pool and through a local Ray cluster."""
+    if launcher == "ray":
+        pytest.importorskip("ray")
+    from bench.run.sweep import run_sweep
+    from tests.test_sweep import cell_runs, write_sweep
+
+    path = write_sweep(tmp_path, f"dp-{launcher}", {"algorithm": ["grpo"], "seed": [0]}, steps=2, launcher=launcher,
+                       resources={"devices_per_cell": 2, "cpus_per_cell": 1}, workers=1)  # fmt: skip
+    out = run_sweep(str(path))
+    assert out["failed"] == [], out
+    runs = cell_runs(tmp_path, f"dp-{launcher}")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert runs[0].data.params["dist/world_size"] == "2" and runs[0].data.params["trainer.devices"] == "2"
+
+
+# ---- GPU (make gpu-check, with 2 or more CUDA devices) -------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_two_gpus_with_nccl_equal_one_gpu(tmp_path):
+    """The CPU equality on CUDA with NCCL: GRPO and PPO, 2 GPUs against 1."""
+    extra = ["trainer.accelerator=gpu"]
+    one = _torchrun(tmp_path / "one", ["grpo", "ppo"], *extra)
+    two = _torchrun(tmp_path / "two", ["grpo", "ppo"], *extra, nproc=2)
+    for a in ("grpo", "ppo"):
+        diff = _max_diff(_final(one[a]), _final(two[a]))
+        print(f"cuda {a}: 2 GPUs vs 1: max |diff| {diff:.2e}")
+        assert diff < 1e-4, (a, diff)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_fsdp_trains_an_sft_warm_start_on_two_gpus(tmp_path):
+    """trainer.strategy=fsdp (Lightning's FSDP; it refuses the CPU): an SFT run on 2 GPUs finishes with its loss
+    logged; the RL families refuse FSDP at start-up (test_a_statistic_not_reduced_across_ranks_fails_at_start_up)."""
+    cmd = [sys.executable, "-m", "bench", "train", "algorithm=sft", "task=countdown", "model=tiny",
+           "trainer.devices=2", "trainer.strategy=fsdp", "trainer.accelerator=gpu", "trainer.max_steps=5",
+           f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", f"output_dir={tmp_path / 'runs'}",
+           f"cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
+    assert run.info.status == "FINISHED" and len(client.get_metric_history(run.info.run_id, "loss/sft")) >= 5
