@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 
 from bench.config import LoraConfig, ModelConfig
 from bench.engine.policy import Reference, char_tokenizer, completion_logprobs, load_policy
-from bench.engine.rollout import generate, sample_seed
+from bench.engine.rollout import branch, generate, sample_seed
 
 SMALL = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
 
@@ -184,3 +184,54 @@ def test_full_finetune_reference_is_frozen_snapshot():
         next(model.parameters()).add_(1.0)
     assert not torch.equal(next(model.parameters()), next(ref.snapshot.parameters()))
     assert not any(p.requires_grad for p in ref.snapshot.parameters())
+
+
+# ---- branching rollouts (VinePPO-style Monte-Carlo continuations) -------------------------------------------------
+def _sampling(tok, temperature=1.0):
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    return {"temperature": temperature, "top_p": 1.0, "eos_token_id": eos, "pad_token_id": pad}
+
+
+def test_branching_from_the_empty_prefix_is_group_sampling_bit_for_bit():
+    model, tok = _policy()
+    ids, mask = _prompts(tok, ["nums 11 2 3 target 7\n", "a\n", "hello there\n"])
+    seeds = [sample_seed(0, 5, p) for p in range(3)]
+    group = generate(model, ids, mask, group_size=4, max_new_tokens=12, seeds=seeds, share_prompt_cache=True,
+                     **_sampling(tok))  # fmt: skip
+    empty = torch.full((3, 12), tok.pad_token_id)
+    br = branch(model, ids, mask, empty, [0, 0, 0], continuations=4, max_new_tokens=12, seeds=seeds, **_sampling(tok))
+    for f in ("completion_ids", "mask", "sampler_logp", "lengths", "truncated"):
+        assert torch.equal(getattr(group, f), getattr(br, f)), f
+
+
+def test_branches_continue_their_prefix_within_the_remaining_budget_and_are_seeded():
+    """Continuations of prompt + the first t tokens of a sampled completion: at most 12 − t tokens each, their
+    sampler log-probs those of one training forward over prompt + prefix + continuation, the same seeds giving the
+    same continuations and other seeds others."""
+    model, tok = _policy()
+    ids, mask = _prompts(tok, ["nums 11 2 3 target 7\n", "a\n", "hello there\n"])
+    T, M = 12, 3
+    first = generate(model, ids, mask, group_size=1, max_new_tokens=T, seeds=[1, 2, 3], **_sampling(tok))
+    t = [0, min(3, int(first.lengths[1]) - 1), min(5, int(first.lengths[2]) - 1)]
+    br = branch(model, ids, mask, first.completion_ids, t, continuations=M, max_new_tokens=T, seeds=[7, 8, 9],
+                **_sampling(tok, 0.7))  # fmt: skip
+    assert br.completion_ids.shape[0] == 3 * M
+    assert all(int(n) <= T - t[i // M] for i, n in enumerate(br.lengths)), (br.lengths, t)
+    assert torch.equal(br.lengths, br.mask.sum(1).long())
+    # the continuation's log-probs under one forward over prompt + prefix + continuation
+    for i in range(3):
+        rows = slice(i * M, (i + 1) * M)
+        prefix = first.completion_ids[i, : t[i]].repeat(M, 1)
+        full = torch.cat([prefix, br.completion_ids[rows]], 1)
+        full_mask = torch.cat([torch.ones_like(prefix, dtype=br.mask.dtype), br.mask[rows]], 1)
+        with torch.no_grad():
+            logp, _ = completion_logprobs(model, ids[i : i + 1].repeat(M, 1), mask[i : i + 1].repeat(M, 1), full,
+                                          full_mask, temperature=0.7)  # fmt: skip
+        gap = ((logp[:, t[i] :] - br.sampler_logp[rows]).abs() * br.mask[rows]).max().item()
+        assert gap < 1e-5, (i, gap)
+    again = branch(model, ids, mask, first.completion_ids, t, continuations=M, max_new_tokens=T, seeds=[7, 8, 9],
+                   **_sampling(tok, 0.7))  # fmt: skip
+    other = branch(model, ids, mask, first.completion_ids, t, continuations=M, max_new_tokens=T, seeds=[17, 18, 19],
+                   **_sampling(tok, 0.7))  # fmt: skip
+    assert torch.equal(again.completion_ids, br.completion_ids)
+    assert not torch.equal(other.completion_ids, br.completion_ids)

@@ -129,6 +129,47 @@ def generate(
     )
 
 
+@torch.no_grad()
+def branch(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    prefix_lens: list[int],
+    *,
+    continuations: int,
+    max_new_tokens: int,
+    seeds: list[int],
+    **sampling,
+) -> Generation:
+    """M = ``continuations`` completions continued from each prefix: row i of ``prompt_ids`` (left-padded) followed by
+    the first ``prefix_lens[i]`` tokens of ``completion_ids[i]``. Each prefix is encoded once and its KV cache repeated
+    M times (``generate``'s ``share_prompt_cache``), and samples from its own generator seeded by ``seeds[i]``; a
+    continuation gets what is left of the completion budget, ``max_new_tokens − prefix_lens[i]``, so a branched
+    completion is never longer than a sampled one. Rows i*M .. i*M+M-1 continue prefix i; their tokens count as
+    generated samples like any others (the caller adds them to rollout/samples_seen and tokens_generated).
+
+    From the empty prefix (``prefix_lens`` all 0) with M = G this is ``generate``'s group sampling, bit for bit.
+    ``sampling``: temperature, top_p, eos_token_id, pad_token_id (and generate's cost switches).
+    """
+    n, pad = len(prefix_lens), sampling["pad_token_id"]
+    rows = [torch.cat([prompt_ids[i][prompt_mask[i].bool()], completion_ids[i, : prefix_lens[i]]]) for i in range(n)]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([r.new_full((width - len(r),), pad), r]) for r in rows])
+    mask = torch.stack([torch.cat([prompt_mask.new_zeros(width - len(r)), prompt_mask.new_ones(len(r))]) for r in rows])
+    budget = torch.tensor([max_new_tokens - t for t in prefix_lens], device=ids.device)
+    if int(budget.min()) < 1:
+        raise ValueError(f"a prefix of {max(prefix_lens)} tokens leaves no budget of the {max_new_tokens}")
+    kw = {"share_prompt_cache": True, **sampling}
+    gen = generate(model, ids, mask, group_size=continuations, max_new_tokens=int(budget.max()), seeds=seeds, **kw)
+    limit = budget.repeat_interleave(continuations)  # [n M]: each row's own budget
+    within = (torch.arange(gen.mask.shape[1], device=ids.device)[None] < limit[:, None]).to(gen.mask.dtype)
+    m = gen.mask * within
+    ended = ((gen.completion_ids == sampling["eos_token_id"]) & m.bool()).any(1)
+    ids_out = torch.where(m.bool(), gen.completion_ids, pad)
+    return Generation(ids_out, m, gen.sampler_logp * m, m.sum(1).long(), ~ended)
+
+
 def _preallocated(model, cache: DynamicCache, max_len: int) -> StaticCache:
     """A StaticCache of ``max_len`` positions holding ``cache``'s keys and values (the prompt's), for decoding."""
     static = StaticCache(config=model.config, max_cache_len=max_len)
