@@ -717,6 +717,7 @@ class RLModule(PolicyModule):
         t0 = time.perf_counter()
         dist.take_collective_s()  # count this step's collectives only (not the evaluation's before it)
         self.extra_tokens = 0
+        self.extra_samples = 0  # samples generated this step outside the trained groups (e.g. VinePPO's continuations)
         self.timer = defaultdict(float)
         self.step_stats = {}
         self.loss_calls = 0
@@ -735,7 +736,7 @@ class RLModule(PolicyModule):
             stats = self.update(ro)
         t2 = time.perf_counter()
         self.extra_tokens = int(dist.sum_floats(self.extra_tokens)[0])
-        self.samples_seen += everything.size
+        self.samples_seen += everything.size + int(dist.sum_floats(getattr(self, "extra_samples", 0))[0])
         self.tokens_generated += int(everything.lengths.sum())
         collect_stats |= {"rollout/generated_samples": everything.size,
                           "rollout/generated_tokens": int(everything.lengths.sum())}  # fmt: skip
