@@ -83,6 +83,7 @@ def vine_advantages(starts: list[list[int]], values: list[list[float]], rewards:
 
 class VinePPO(GRPO):
     Config = VinePPOConfig
+    branches = True  # advantages from branching rollouts of the policy, not a function of the batch alone
     description = "VinePPO (Kazemnejad et al. 2024): PPO with Monte-Carlo step values from K continuations, no critic"
 
     def distributed_blockers(self, world: int) -> list[str]:
