@@ -30,17 +30,18 @@ CONFIGS = {
 }
 
 
-def run(config: str, devices: int, steps: int, threads: int, store: Path) -> dict:
+def run(config: str, devices: int, steps: int, threads: int, store: Path, cache: Path) -> dict:
     args = [sys.executable, "-m", "bench", "train", "algorithm=grpo", "task=countdown", *CONFIGS[config],
             f"trainer.max_steps={steps}", f"trainer.eval_every={10 * steps}", "task.num_eval=8", "eval.batch_size=8",
             f"trainer.devices={devices}", "trainer.accelerator=cpu", f"trainer.num_threads={threads // devices}",
             "trainer.progress_bar=false", f"tracking.tracking_uri=sqlite:///{store / 'mlflow.db'}",
             f"tracking.run_name=ddp-bench-{config}-{devices}", f"output_dir={store / 'runs'}",
-            f"cache_dir={store / 'cache'}"]  # fmt: skip
+            f"cache_dir={cache}"]  # fmt: skip
     p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if p.returncode:
         raise RuntimeError(f"{devices} process(es) failed:\n{p.stdout[-2000:]}{p.stderr[-3000:]}")
-    run_id = next(x.split()[2].rstrip(";") for x in p.stdout.splitlines() if x.startswith("MLflow run "))
+    # the last "MLflow run" line is the RL run's (a warm start trained first prints its own before it)
+    run_id = [x.split()[2].rstrip(";") for x in p.stdout.splitlines() if x.startswith("MLflow run ")][-1]
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     return {
         k: [m.value for m in sorted(client.get_metric_history(run_id, k), key=lambda m: m.step)]
@@ -58,13 +59,14 @@ def main() -> None:
     ns = ap.parse_args()
     threads = os.cpu_count() or 2
     rows = []
+    cache = Path(tempfile.mkdtemp(prefix="bench-ddp-cache-"))  # the SFT warm start, trained once for all runs
     for config in ns.configs:
         times: dict[int, dict[str, list[float]]] = {1: {}, 2: {}}
         for rep in range(ns.reps):
             for devices in (1, 2) if rep % 2 == 0 else (2, 1):
                 t0 = time.time()
                 with tempfile.TemporaryDirectory() as tmp:
-                    got = run(config, devices, ns.steps, threads, Path(tmp))
+                    got = run(config, devices, ns.steps, threads, Path(tmp), cache)
                 for k, v in got.items():
                     times[devices].setdefault(k, []).extend(v[ns.warmup :])
                 print(f"[bench-ddp] {config}: {devices} process(es), rep {rep + 1}/{ns.reps}, {time.time() - t0:.0f} s",
