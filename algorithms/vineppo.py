@@ -107,18 +107,19 @@ class VinePPO(GRPO):
     def mc_values(self, ro: Rollout, starts: list[list[int]]) -> list[list[float]]:
         """V̂(s_i) for every row's states: K continuations per distinct prefix, each scored by the task."""
         a, r, G = self.acfg, self.cfg.rollout, ro.group_size
-        cap = [st[: a.max_value_steps] for st in starts]
-        keys = {}  # distinct (prompt, prefix tokens) -> (row, t)
-        for b, st in enumerate(cap):
-            for t in st:
-                keys.setdefault((b // G, tuple(ro.completion_ids[b, :t].tolist())), (b, t))
-        order = list(keys.values())
+        key = {(b, t): (b // G, tuple(ro.completion_ids[b, :t].tolist())) for b, st in enumerate(starts) for t in st}
+        first = {}  # distinct (prompt, prefix tokens) -> the (row, t) that estimates it
+        for b, st in enumerate(starts):
+            for t in st[: a.max_value_steps]:
+                first.setdefault(key[(b, t)], (b, t))
+        order = list(first.values())
+        per_chunk = max(1, self.cfg.eval.batch_size // a.mc_rollouts)
         was = self.policy.training
         self.policy.eval()
         est: dict[tuple, float] = {}
         try:
-            for lo in range(0, len(order), max(1, self.cfg.eval.batch_size // a.mc_rollouts)):
-                chunk = order[lo : lo + max(1, self.cfg.eval.batch_size // a.mc_rollouts)]
+            for lo in range(0, len(order), per_chunk):
+                chunk = order[lo : lo + per_chunk]
                 rows = torch.tensor([b for b, _ in chunk], device=ro.prompt_ids.device)
                 seeds = [sample_seed(self.cfg.seed, self.step_count, "vine", b, t) for b, t in chunk]
                 gen = branch(self.policy, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.completion_ids[rows],
@@ -137,21 +138,17 @@ class VinePPO(GRPO):
                     mask = torch.cat([torch.ones_like(prefix, dtype=gen.mask.dtype), gen.mask[k]], 1)
                     texts = self.decode(full, mask)
                     ex = ro.examples[b // G]
-                    est[(b // G, tuple(ro.completion_ids[b, :t].tolist()))] = (
-                        sum(self.task.reward(ex, text).score for text in texts) / a.mc_rollouts
-                    )
+                    est[key[(b, t)]] = sum(self.task.reward(ex, text).score for text in texts) / a.mc_rollouts
         finally:
             self.policy.train(was)
         values = []
         for b, st in enumerate(starts):
             R = float(ro.scores[b])
-            v = [est[(b // G, tuple(ro.completion_ids[b, :t].tolist()))] if i < a.max_value_steps else R
-                 for i, t in enumerate(st)]  # fmt: skip
+            v = [est[key[(b, t)]] if i < a.max_value_steps else R for i, t in enumerate(st)]
             values.append(v)
         return values
 
     def advantages(self, ro: Rollout) -> torch.Tensor:
-        self.extra_samples = getattr(self, "extra_samples", 0)
         self.branch_stats = {"rollout/branch_samples": 0, "rollout/branch_tokens": 0}
         starts = self._starts(ro)
         values = self.mc_values(ro, starts)
