@@ -372,6 +372,7 @@ class RLModule(PolicyModule):
         self.tokens_generated = 0
         self.nonfinite_skipped = 0
         self.extra_tokens = 0  # tokens generated this step outside the trained groups (e.g. ReMax's greedy baseline)
+        self.extra_samples = 0  # samples generated this step outside the trained groups (VinePPO's continuations)
         self.timer: dict[str, float] = defaultdict(float)
         self.step_stats: dict[str, float] = {}  # diagnostics a hook computed this step (e.g. advantage statistics)
         self.sampler_logp_ok: bool | None = None  # rollout.logp_from_sampler: the first step's check (None: not yet)
@@ -736,7 +737,7 @@ class RLModule(PolicyModule):
             stats = self.update(ro)
         t2 = time.perf_counter()
         self.extra_tokens = int(dist.sum_floats(self.extra_tokens)[0])
-        self.samples_seen += everything.size + int(dist.sum_floats(getattr(self, "extra_samples", 0))[0])
+        self.samples_seen += everything.size + int(dist.sum_floats(self.extra_samples)[0])
         self.tokens_generated += int(everything.lengths.sum())
         collect_stats |= {"rollout/generated_samples": everything.size,
                           "rollout/generated_tokens": int(everything.lengths.sum())}  # fmt: skip
