@@ -76,6 +76,10 @@ class _Recorder:
         self.opt = (torch.optim.AdamW if adamw else torch.optim.SGD)(self.params, lr=lr)
         self.grads: list[list[torch.Tensor]] = []
 
+    @property
+    def param_groups(self):  # read by the update for the parameters whose gradients are synced across ranks
+        return self.opt.param_groups
+
     def zero_grad(self, set_to_none=True):
         self.opt.zero_grad(set_to_none=set_to_none)
 
