@@ -83,8 +83,13 @@ def vine_advantages(starts: list[list[int]], values: list[list[float]], rewards:
 
 class VinePPO(GRPO):
     Config = VinePPOConfig
-    branches = True  # advantages from branching rollouts of the policy, not a function of the batch alone
+    advantages_beyond_the_batch = True  # from branching rollouts of the policy, not a function of the batch alone
+    hf_only = "samples its continuations from the learner"  # why rollout.engine must be hf
     description = "VinePPO (Kazemnejad et al. 2024): PPO with Monte-Carlo step values from K continuations, no critic"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.require_hf_engine(self.hf_only)
 
     def distributed_blockers(self, world: int) -> list[str]:
         return [*super().distributed_blockers(world), "VinePPO's continuations are sampled on one process for now."]
@@ -148,15 +153,23 @@ class VinePPO(GRPO):
             values.append(v)
         return values
 
-    def advantages(self, ro: Rollout) -> torch.Tensor:
-        self.branch_stats = {"rollout/branch_samples": 0, "rollout/branch_tokens": 0}
+    def mc_advantages(self, ro: Rollout) -> torch.Tensor:
+        """[B, T] step advantages before whitening."""
         starts = self._starts(ro)
         values = self.mc_values(ro, starts)
-        adv = vine_advantages(starts, values, ro.scores.tolist(), ro.completion_ids.shape[1]).to(ro.scores.device)
-        m = ro.loss_mask.bool()
-        if m.any():
-            mean, std = adv[m].mean(), adv[m].std(unbiased=False)
-            adv = torch.where(m, (adv - mean) / (std + 1e-8), 0.0)
-        self.step_stats.update(self.branch_stats)
         self.step_stats["rollout/vine_states"] = sum(min(len(s), self.acfg.max_value_steps) for s in starts)
+        return vine_advantages(starts, values, ro.scores.tolist(), ro.completion_ids.shape[1]).to(ro.scores.device)
+
+    def whiten(self, adv: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """Whitened over the loss tokens ``m``: mean and biased std, ε = 1e-8."""
+        mean, std = adv[m].mean(), adv[m].std(unbiased=False)
+        return torch.where(m, (adv - mean) / (std + 1e-8), 0.0)
+
+    def advantages(self, ro: Rollout) -> torch.Tensor:
+        self.branch_stats = {"rollout/branch_samples": 0, "rollout/branch_tokens": 0}
+        adv = self.mc_advantages(ro)
+        m = ro.train_mask.bool()
+        if m.sum() > 1:
+            adv = self.whiten(adv, m)
+        self.step_stats.update(self.branch_stats)
         return adv

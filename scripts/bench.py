@@ -512,6 +512,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="measured steps per process (default: per config)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps per process (default: per config)")
     ap.add_argument("--smollm2-reps", type=int, default=2, help="processes per system for the SmolLM2 configurations")
+    ap.add_argument(
+        "--systems",
+        nargs="+",
+        choices=list(SYSTEMS),
+        default=list(SYSTEMS),
+        help="the systems to measure (default: all; those needing vLLM only where it is installed)",
+    )
     ap.add_argument("--no-levers", action="store_true", help="skip the per-lever table (tiny, creditbench only)")
     ap.add_argument("--lever-reps", type=int, default=3, help="processes for the per-switch table")
     ap.add_argument("--lever-rounds", type=int, default=4, help="measured steps per variant per process")
@@ -534,7 +541,7 @@ def main() -> None:
     for name in ns.configs:
         c = {**CONFIGS[name], **override}
         folder = model_folder(c["model"])
-        systems = [k for k in SYSTEMS if k not in NEEDS_VLLM or have_vllm]
+        systems = [k for k in SYSTEMS if k in ns.systems and (k not in NEEDS_VLLM or have_vllm)]
         res = {k: [] for k in systems}
         for rep in range(ns.smollm2_reps if c["model"] != "tiny" else ns.reps):
             for system in systems if rep % 2 == 0 else systems[::-1]:

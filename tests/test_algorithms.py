@@ -54,7 +54,10 @@ DIAGNOSTICS = {
 }
 
 # Methods that sample extra continuations to estimate credit run here with fewer of them (the same code path).
-CHEAPER = {"vineppo": ["algorithm.mc_rollouts=2", "algorithm.steps=every", "algorithm.step_tokens=16"]}
+CHEAPER = {
+    "vineppo": ["algorithm.mc_rollouts=2", "algorithm.steps=every", "algorithm.step_tokens=16"],
+    "spo_chain": ["algorithm.mc_rollouts=2", "algorithm.cutpoint_interval=16"],
+}
 
 # Surrogates that differ from GRPO in the loss alone (same rollout, rewards and advantage code): the fast contract
 # test trains each; the every-task test leaves them out, as the task changes nothing their losses read.

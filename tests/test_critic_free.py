@@ -28,14 +28,15 @@ NAN, INF = float("nan"), float("inf")
 PROPS = settings(max_examples=30, deadline=None)
 # The critic-free family: PolicyGradient configs whose advantages need no learned critic (PPO and MA-PPO share the
 # config fields but read their advantages from GAE over a value head; tests/test_value_credit.py covers them). Methods
-# whose advantages come from branching rollouts of the policy (VinePPO: Monte-Carlo values) are not a function of the
-# batch these property tests draw; tests/test_vineppo.py covers them.
+# whose advantages come from branching rollouts of the policy (VinePPO, SPO: Monte-Carlo values; TreePO, SPO-tree: the
+# tree the rollout was grown as; single-stream PO: a per-prompt tracker) are not a function of the batch these property
+# tests draw; their own tests cover them.
 RL = [
     n
     for n in ALGORITHMS.names()
     if issubclass(ALGORITHMS.get(n).Config, PolicyGradientConfig)
     and not issubclass(ALGORITHMS.get(n), ActorCritic)
-    and not getattr(ALGORITHMS.get(n), "branches", False)
+    and not getattr(ALGORITHMS.get(n), "advantages_beyond_the_batch", False)
 ]
 
 

@@ -261,11 +261,12 @@ def test_all_zero_advantage_step_still_steps_the_optimizer(single_thread):
 
 @pytest.mark.slow
 def test_bench_script_smoke(tmp_path):
-    """scripts/bench.py runs one warm-up-free step of each system on the tiny configuration and writes its table."""
+    """scripts/bench.py runs one warm-up-free step of creditbench and TRL on the tiny configuration and writes its
+    table (the vLLM rows start an engine each, minutes on CPU: tests/test_vllm.py covers that engine)."""
     if importlib.util.find_spec("trl") is None:
         pytest.skip("trl is not installed (the bench extra: make install, or pip install -e '.[bench]')")
     cmd = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--configs", "tiny", "--reps", "1", "--steps", "1"]
-    cmd += ["--warmup", "0", "--no-levers", "--out", str(tmp_path)]
+    cmd += ["--warmup", "0", "--no-levers", "--systems", "creditbench", "trl", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = (tmp_path / "bench.md").read_text()

@@ -140,13 +140,15 @@ def branch(
     continuations: int,
     max_new_tokens: int,
     seeds: list[int],
+    segment_tokens: int | None = None,
     **sampling,
 ) -> Generation:
     """M = ``continuations`` completions continued from each prefix: row i of ``prompt_ids`` (left-padded) followed by
     the first ``prefix_lens[i]`` tokens of ``completion_ids[i]``. Each prefix is encoded once and its KV cache repeated
     M times (``generate``'s ``share_prompt_cache``), and samples from its own generator seeded by ``seeds[i]``; a
     continuation gets what is left of the completion budget, ``max_new_tokens − prefix_lens[i]``, so a branched
-    completion is never longer than a sampled one. Rows i*M .. i*M+M-1 continue prefix i; their tokens count as
+    completion is never longer than a sampled one; with ``segment_tokens`` at most that many (a tree's segment: one
+    cut there is ``truncated``, no EOS). Rows i*M .. i*M+M-1 continue prefix i; their tokens count as
     generated samples like any others (the caller adds them to rollout/samples_seen and tokens_generated).
 
     From the empty prefix (``prefix_lens`` all 0) with M = G this is ``generate``'s group sampling, bit for bit.
@@ -158,6 +160,8 @@ def branch(
     ids = torch.stack([torch.cat([r.new_full((width - len(r),), pad), r]) for r in rows])
     mask = torch.stack([torch.cat([prompt_mask.new_zeros(width - len(r)), prompt_mask.new_ones(len(r))]) for r in rows])
     budget = torch.tensor([max_new_tokens - t for t in prefix_lens], device=ids.device)
+    if segment_tokens is not None:
+        budget = budget.clamp(max=segment_tokens)
     if int(budget.min()) < 1:
         raise ValueError(f"a prefix of {max(prefix_lens)} tokens leaves no budget of the {max_new_tokens}")
     kw = {"share_prompt_cache": True, **sampling}

@@ -245,6 +245,16 @@ class PolicyModule(L.LightningModule):
         """Sentences, one per choice that does not run on ``world`` processes; subclasses add theirs."""
         return []
 
+    def require_hf_engine(self, why: str) -> None:
+        """Fail at start-up when ``rollout.engine`` is not hf, for an algorithm that samples more than the engine gives
+        (``why``: what it samples)."""
+        engine = self.cfg.rollout.engine
+        if engine != "hf":
+            from bench.config import ConfigError
+
+            raise ConfigError(f"algorithm={self.cfg.algorithm.name} {why} with the hf engine; rollout.engine={engine} "
+                              "does not branch yet: use rollout.engine=hf.")  # fmt: skip
+
     def setup(self, stage: str) -> None:
         """After the process group exists: a per-rank seed for torch's global generator, derived from the run seed and
         the rank (sampling is seeded per prompt and does not use it), recorded with the run."""
