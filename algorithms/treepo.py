@@ -73,9 +73,7 @@ class TreePO(TreeRollouts, GRPO):
     Config = TreePOConfig
     description = "TreePO (Li et al. 2025): segment trees with early stop and fallback, global + subtree advantages"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.require_hf_engine("grows its rollouts as trees")
+    hf_only = "grows its rollouts as trees"
 
     def advantages(self, ro) -> torch.Tensor:
         assert self.tree is not None and len(self.tree.paths) == ro.size, "the step's rows are the last tree's leaves"

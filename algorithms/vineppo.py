@@ -9,13 +9,15 @@ credit from Monte-Carlo continuations instead of a critic. Read from the authors
     Â_t = A_i for every token t of step i; Â whitened over the batch's tokens
     ℒ = −min(ρ_t Â_t, clip(ρ_t, 1 − 0.2, 1 + 0.2) Â_t) + β k3,   β = 1e-4, no critic
 
-The continuations come from ``bench.engine.rollout.branch`` (each prefix encoded once, seeded per prefix, within the
-completion budget); they estimate values only and are not trained on, as in the authors' code; they count as
-samples and tokens generated (``rollout/samples_seen``, ``rollout/tokens_generated``) and are logged apart as
-``rollout/branch_samples`` and ``rollout/branch_tokens``. Identical prefixes (every completion's s_0 = x) are
-estimated once. Step boundaries (``algorithm.steps``): ``newline`` (the authors' delimiter), ``task`` (the task's own
-segments, ``Task.segment``), or ``every`` ``algorithm.step_tokens`` tokens. Beyond ``max_value_steps`` (20 in the
-authors' config) states take the realised return (their backward fill: V̂(s_i) = r_i + V̂(s_{i+1})).
+The continuations come from the step's behaviour policy through ``RLModule.branch`` (the hf engine's
+``bench.engine.rollout.branch``, each prefix encoded once, or the vLLM engine with its prefix cache, as the authors
+sample with vLLM; seeded per prefix, within the completion budget); they estimate values only and are not trained on,
+as in the authors' code; they count as samples and tokens generated (``rollout/samples_seen``,
+``rollout/tokens_generated``) and are logged apart as ``rollout/branch_samples`` and ``rollout/branch_tokens``.
+Identical prefixes (every completion's s_0 = x) are estimated once. Step boundaries (``algorithm.steps``):
+``newline`` (the authors' delimiter), ``task`` (the task's own segments, ``Task.segment``), or ``every``
+``algorithm.step_tokens`` tokens. Beyond ``max_value_steps`` (20 in the authors' config) states take the realised
+return (their backward fill: V̂(s_i) = r_i + V̂(s_{i+1})).
 
 Deviations
 # NOTE(deviation): a continuation that reaches the budget is scored by the task like any completion (the main
@@ -34,7 +36,7 @@ from typing import Literal
 import torch
 
 from algorithms.grpo import GRPO, GRPOConfig
-from bench.engine.rollout import Rollout, branch, sample_seed
+from bench.engine.rollout import Rollout, sample_seed
 from bench.rl.objective import ADVANTAGES
 from bench.rl.segment import char_offsets_to_tokens
 
@@ -84,12 +86,7 @@ def vine_advantages(starts: list[list[int]], values: list[list[float]], rewards:
 class VinePPO(GRPO):
     Config = VinePPOConfig
     advantages_beyond_the_batch = True  # from branching rollouts of the policy, not a function of the batch alone
-    hf_only = "samples its continuations from the learner"  # why rollout.engine must be hf
     description = "VinePPO (Kazemnejad et al. 2024): PPO with Monte-Carlo step values from K continuations, no critic"
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.require_hf_engine(self.hf_only)
 
     def distributed_blockers(self, world: int) -> list[str]:
         return [*super().distributed_blockers(world), "VinePPO's continuations are sampled on one process for now."]
@@ -127,11 +124,11 @@ class VinePPO(GRPO):
                 chunk = order[lo : lo + per_chunk]
                 rows = torch.tensor([b for b, _ in chunk], device=ro.prompt_ids.device)
                 seeds = [sample_seed(self.cfg.seed, self.step_count, "vine", b, t) for b, t in chunk]
-                gen = branch(self.policy, ro.prompt_ids[rows], ro.prompt_mask[rows], ro.completion_ids[rows],
-                             [t for _, t in chunk], continuations=a.mc_rollouts, max_new_tokens=r.max_new_tokens,
-                             seeds=seeds, temperature=r.temperature, top_p=r.top_p,
-                             eos_token_id=self.tokenizer.eos_token_id,
-                             pad_token_id=self.tokenizer.pad_token_id)  # fmt: skip
+                gen = self.branch(ro.prompt_ids[rows], ro.prompt_mask[rows], ro.completion_ids[rows],
+                                  [t for _, t in chunk], continuations=a.mc_rollouts, max_new_tokens=r.max_new_tokens,
+                                  seeds=seeds, temperature=r.temperature, top_p=r.top_p,
+                                  eos_token_id=self.tokenizer.eos_token_id,
+                                  pad_token_id=self.tokenizer.pad_token_id)  # fmt: skip
                 self.extra_samples += gen.completion_ids.shape[0]
                 self.extra_tokens += int(gen.lengths.sum())
                 self.branch_stats["rollout/branch_samples"] += gen.completion_ids.shape[0]

@@ -134,10 +134,10 @@ def test_tree_methods_train_a_step_and_count_each_token_once(name):
     assert ro.size == 2 * cfg.rollout.group_size
 
 
-@pytest.mark.parametrize("name", ["treepo", "spo_tree", "vineppo", "spo_chain"])
-def test_branching_methods_refuse_the_vllm_engine_at_start_up(name):
-    """They sample beyond the engine's rollouts (trees, continuations): rollout.engine=vllm fails at start-up with a
-    sentence naming the algorithm and the fix."""
+@pytest.mark.parametrize("name", ["treepo", "spo_tree"])
+def test_tree_methods_refuse_the_vllm_engine_at_start_up(name):
+    """They grow their rollouts as trees, which only the hf engine does: rollout.engine=vllm fails at start-up with a
+    sentence naming the algorithm and the fix (VinePPO and SPO-chain branch on the engine: tests/test_vllm.py)."""
     from bench.config import ConfigError
 
     cfg = OmegaConf.to_object(compose([f"algorithm={name}", *SMALL, "rollout.engine=vllm"]))

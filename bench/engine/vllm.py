@@ -137,16 +137,41 @@ class VLLMEngine:
                  **_speed_switches) -> Generation:  # fmt: skip
         """As bench.engine.rollout.generate: rows p*G .. p*G+G-1 are prompt p's, sampled with seed ``seeds[p]``;
         ``temperature == 0`` decodes greedily. The hf engine's speed switches mean nothing here and are ignored."""
+        prompts = [row[m.bool()].tolist() for row, m in zip(prompt_ids.cpu(), prompt_mask.cpu(), strict=True)]
+        budgets = [max_new_tokens] * len(prompts)
+        return self._sample(prompts, budgets, group_size, seeds, temperature, top_p, eos_token_id, pad_token_id,
+                            prompt_ids.device)  # fmt: skip
+
+    def branch(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+               prefix_lens: list[int], *, continuations: int, max_new_tokens: int, seeds: list[int],
+               segment_tokens: int | None = None, temperature: float, top_p: float, eos_token_id: int,
+               pad_token_id: int, **_speed_switches) -> Generation:  # fmt: skip
+        """As bench.engine.rollout.branch: M = ``continuations`` completions from each prefix (prompt row i followed
+        by the first ``prefix_lens[i]`` tokens of ``completion_ids[i]``), seeded by ``seeds[i]``, each within what
+        is left of the budget (and ``segment_tokens``). The engine's prefix cache holds the prompt's and the prefix's
+        KV blocks, so a prefix shared by many requests (every state of one completion shares the prompt) is computed
+        once. From the empty prefix with M = G this is ``generate``, bit for bit (tested)."""
+        rows = [torch.cat([p[m.bool()], c[:t]]).tolist() for p, m, c, t in
+                zip(prompt_ids.cpu(), prompt_mask.cpu(), completion_ids.cpu(), prefix_lens, strict=True)]  # fmt: skip
+        budgets = [max_new_tokens - t if segment_tokens is None else min(max_new_tokens - t, segment_tokens)
+                   for t in prefix_lens]  # fmt: skip
+        if min(budgets, default=1) < 1:
+            raise ValueError(f"a prefix of {max(prefix_lens)} tokens leaves no budget of the {max_new_tokens}")
+        return self._sample(rows, budgets, continuations, seeds, temperature, top_p, eos_token_id, pad_token_id,
+                            prompt_ids.device)  # fmt: skip
+
+    def _sample(self, prompts: list[list[int]], budgets: list[int], group_size: int, seeds: list[int],
+                temperature: float, top_p: float, eos_token_id: int, pad_token_id: int,
+                device: torch.device) -> Generation:  # fmt: skip
+        """``group_size`` completions of each token-id prompt, prompt i's within ``budgets[i]`` new tokens."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompts = [TokensPrompt(prompt_token_ids=row[m.bool()].tolist()) for row, m in zip(prompt_ids.cpu(),
-                   prompt_mask.cpu(), strict=True)]  # fmt: skip
         n = group_size if temperature > 0 else 1  # greedy: one decode per prompt (vLLM refuses n > 1), repeated
         params = [SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
-                                 max_tokens=max_new_tokens, seed=seed, logprobs=0, stop_token_ids=[eos_token_id],
-                                 detokenize=False) for seed in seeds]  # fmt: skip
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+                                 max_tokens=budget, seed=seed, logprobs=0, stop_token_ids=[eos_token_id],
+                                 detokenize=False) for seed, budget in zip(seeds, budgets, strict=True)]  # fmt: skip
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         rows = [o for req in outs for o in req.outputs for _ in range(group_size // n)]
         T = max((len(o.token_ids) for o in rows), default=1) or 1
         B = len(rows)
@@ -159,8 +184,8 @@ class VLLMEngine:
             logp[i, :n] = torch.tensor([d[t].logprob for d, t in zip(o.logprobs, o.token_ids, strict=True)])
             mask[i, :n] = 1.0
         ended = torch.tensor([len(o.token_ids) > 0 and o.token_ids[-1] == eos_token_id for o in rows])
-        dev = prompt_ids.device
-        return Generation(ids.to(dev), mask.to(dev), logp.to(dev), mask.sum(1).long().to(dev), (~ended).to(dev))
+        return Generation(ids.to(device), mask.to(device), logp.to(device), mask.sum(1).long().to(device),
+                          (~ended).to(device))  # fmt: skip
 
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[torch.Tensor]:
         """The engine's log-probs of each token of each sequence after its first (prompt log-probs, no sampling):

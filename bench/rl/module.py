@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from bench import dist
 from bench.engine.behaviour import BehaviourPolicy
 from bench.engine.policy import Reference, completion_logprobs
-from bench.engine.rollout import Rollout, generate, sample_seed
+from bench.engine.rollout import Generation, Rollout, generate, sample_seed
 from bench.rl.losses import Norm, terminal_rewards, zero_variance_groups
 from bench.rl.segment import step_token_rewards
 from bench.stats import binomial_se, mean_se, pass_at_k
@@ -246,14 +246,14 @@ class PolicyModule(L.LightningModule):
         return []
 
     def require_hf_engine(self, why: str) -> None:
-        """Fail at start-up when ``rollout.engine`` is not hf, for an algorithm that samples more than the engine gives
-        (``why``: what it samples)."""
+        """Fail at start-up when ``rollout.engine`` is not hf, for an algorithm that samples in a way only the hf
+        engine serves (``why``: what it samples)."""
         engine = self.cfg.rollout.engine
         if engine != "hf":
             from bench.config import ConfigError
 
-            raise ConfigError(f"algorithm={self.cfg.algorithm.name} {why} with the hf engine; rollout.engine={engine} "
-                              "does not branch yet: use rollout.engine=hf.")  # fmt: skip
+            raise ConfigError(f"algorithm={self.cfg.algorithm.name} {why} with the hf engine only; rollout.engine="
+                              f"{engine} does not do that yet: use rollout.engine=hf.")  # fmt: skip
 
     def setup(self, stage: str) -> None:
         """After the process group exists: a per-rank seed for torch's global generator, derived from the run seed and
@@ -389,9 +389,15 @@ class RLModule(PolicyModule):
         r = cfg.rollout
         engine = self.make_engine if r.engine == "vllm" else None
         self.behaviour = BehaviourPolicy(r.sampler_dtype, r.staleness, r.sampler_attention, engine)
+        if self.hf_only:
+            self.require_hf_engine(self.hf_only)
         self.loss_calls = 0  # loss() calls this step (seeds a trust region's random choices per micro-batch)
 
     # ---- what an algorithm declares ------------------------------------------------------------------------------
+    hf_only: str | None = None
+    """What the algorithm samples that only the hf engine serves (e.g. "grows its rollouts as trees"): then
+    ``rollout.engine`` other than hf fails at start-up with this reason."""
+
     def advantages(self, rollout: Rollout) -> torch.Tensor:
         raise NotImplementedError
 
@@ -619,6 +625,17 @@ class RLModule(PolicyModule):
         )
         self.policy.train(was_training)
         return gen
+
+    def branch(self, *args, **kw) -> Generation:
+        """Continuations from prefixes of this step's completions (bench.engine.rollout.branch's arguments without the
+        model), from the step's behaviour policy: the policy itself (or its copy) on the hf engine, the vLLM engine
+        under rollout.engine=vllm. The caller counts them (extra_samples, extra_tokens)."""
+        was_training = self.policy.training
+        self.policy.eval()
+        try:
+            return self.behaviour.branch(self.policy, self.step_count, *args, **kw)
+        finally:
+            self.policy.train(was_training)
 
     def score(self, ro: Rollout) -> None:
         G = ro.group_size
