@@ -36,6 +36,7 @@ from typing import Literal
 import torch
 
 from algorithms.grpo import GRPO, GRPOConfig
+from bench import dist
 from bench.engine.rollout import Rollout, sample_seed
 from bench.rl.objective import ADVANTAGES
 from bench.rl.segment import char_offsets_to_tokens
@@ -88,9 +89,6 @@ class VinePPO(GRPO):
     advantages_beyond_the_batch = True  # from branching rollouts of the policy, not a function of the batch alone
     description = "VinePPO (Kazemnejad et al. 2024): PPO with Monte-Carlo step values from K continuations, no critic"
 
-    def distributed_blockers(self, world: int) -> list[str]:
-        return [*super().distributed_blockers(world), "VinePPO's continuations are sampled on one process for now."]
-
     def _starts(self, ro: Rollout) -> list[list[int]]:
         a, lengths = self.acfg, ro.lengths.tolist()
         ids = [row[:n].tolist() for row, n in zip(ro.completion_ids.cpu(), lengths, strict=True)]
@@ -107,7 +105,10 @@ class VinePPO(GRPO):
 
     @torch.no_grad()
     def mc_values(self, ro: Rollout, starts: list[list[int]]) -> list[list[float]]:
-        """V̂(s_i) for every row's states: K continuations per distinct prefix, each scored by the task."""
+        """V̂(s_i) for every row's states: K continuations per distinct prefix, each scored by the task. On several
+        ranks (every rank holds the step's whole rollout) the chunks of prefixes are dealt out round-robin and the
+        estimates gathered: each chunk is the batch one process would sample, with the same seeds, so the values are
+        one process's."""
         a, r, G = self.acfg, self.cfg.rollout, ro.group_size
         key = {(b, t): (b // G, tuple(ro.completion_ids[b, :t].tolist())) for b, st in enumerate(starts) for t in st}
         first = {}  # distinct (prompt, prefix tokens) -> the (row, t) that estimates it
@@ -119,9 +120,9 @@ class VinePPO(GRPO):
         was = self.policy.training
         self.policy.eval()
         est: dict[tuple, float] = {}
+        chunks = [order[lo : lo + per_chunk] for lo in range(0, len(order), per_chunk)]
         try:
-            for lo in range(0, len(order), per_chunk):
-                chunk = order[lo : lo + per_chunk]
+            for chunk in chunks[dist.rank() :: dist.world()]:
                 rows = torch.tensor([b for b, _ in chunk], device=ro.prompt_ids.device)
                 seeds = [sample_seed(self.cfg.seed, self.step_count, "vine", b, t) for b, t in chunk]
                 gen = self.branch(ro.prompt_ids[rows], ro.prompt_mask[rows], ro.completion_ids[rows],
@@ -143,6 +144,8 @@ class VinePPO(GRPO):
                     est[key[(b, t)]] = sum(self.task.reward(ex, text).score for text in texts) / a.mc_rollouts
         finally:
             self.policy.train(was)
+        if dist.active():
+            est = {k: v for part in dist.gather_objects(est) for k, v in part.items()}
         values = []
         for b, st in enumerate(starts):
             R = float(ro.scores[b])
@@ -168,5 +171,5 @@ class VinePPO(GRPO):
         m = ro.train_mask.bool()
         if m.sum() > 1:
             adv = self.whiten(adv, m)
-        self.step_stats.update(self.branch_stats)
+        self.step_stats.update(dist.sum_dict(self.branch_stats))  # every rank's continuations
         return adv

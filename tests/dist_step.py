@@ -61,7 +61,12 @@ def injected_score(self, ro) -> None:
 
 # The global batch here is 4 prompts x 4 completions = 16 rows; CISPO's file asks for minibatches of 32: two of 8
 # (two optimizer steps per rollout, each minibatch's rows split across the ranks by ownership).
-PER_ALGORITHM = {"cispo": ["train.minibatch_size=8"]}
+# VinePPO: a state every 3 tokens and 3 continuations each, so that the step's prefixes fill several chunks (dealt out
+# across the ranks).
+PER_ALGORITHM = {
+    "cispo": ["train.minibatch_size=8"],
+    "vineppo": ["algorithm.steps=every", "algorithm.step_tokens=3", "algorithm.mc_rollouts=3"],
+}
 
 
 def run(out: str, algorithm: str, extra: list[str]) -> None:
