@@ -13,7 +13,9 @@ from SPO, Segment Policy Optimization (``spo_chain``).
     prompts: from a pool of pool_factor × P candidates, P drawn ∝ √(p̂ (1 − p̂)) + 0.05, without replacement
     ℒ = verl's PPO loss: clip 0.2 / 0.28, dual clip 10, token-mean, no KL;  G = 1 (conf/algorithm/spo_stream.yaml)
 
-The tracker (α, β, the stored samples) is saved with the checkpoint, so a resumed run continues it.
+The tracker (α, β, the stored samples) is saved with the checkpoint, so a resumed run continues it. On several
+processes every rank draws the same prompts (the pool's RNG is the run's, not the rank's) and updates its own copy of
+the tracker from the step's gathered rollout with the same weights, so the copies stay equal without communication.
 
 Deviations
 # NOTE(deviation): no offline value estimate (the authors' trainer.spo.offline_values, N = 8 samples of the initial
@@ -83,9 +85,6 @@ class SingleStreamPO(GRPO):
         self.alpha: dict[str, float] = {}  # per prompt uid
         self.beta_: dict[str, float] = {}
         self.stored: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-    def distributed_blockers(self, world: int) -> list[str]:
-        return [*super().distributed_blockers(world), "Single-stream PO's tracker is kept on one process for now."]
 
     def p_hat(self, uids: list[str]) -> torch.Tensor:
         a = torch.tensor([self.alpha.get(u, 0.5) for u in uids], dtype=torch.float64)

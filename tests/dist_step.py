@@ -66,6 +66,13 @@ def injected_score(self, ro) -> None:
 PER_ALGORITHM = {
     "cispo": ["train.minibatch_size=8"],
     "vineppo": ["algorithm.steps=every", "algorithm.step_tokens=3", "algorithm.mc_rollouts=3"],
+    "spo_stream": [
+        "rollout.prompts_per_step=8",
+        "rollout.group_size=1",
+        "trainer.max_steps=2",
+        "task.num_train=16",
+        "algorithm.pool_factor=2",
+    ],
 }
 
 

@@ -26,7 +26,7 @@ from bench.engine.policy import load_policy
 from tests.conftest import SMALL
 
 HELPER = ROOT / "tests" / "dist_step.py"
-ALGORITHMS = ["grpo", "dapo", "reinforce_pp", "ppo", "cispo", "dpo", "vineppo", "spo_chain"]
+ALGORITHMS = ["grpo", "dapo", "reinforce_pp", "ppo", "cispo", "dpo", "vineppo", "spo_chain", "spo_stream"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
@@ -65,8 +65,9 @@ def one_process(tmp_path_factory):
 
 def test_one_step_on_two_processes_equals_one_process(one_process, tmp_path):
     """GRPO, DAPO (dynamic sampling), REINFORCE++ (batch-whitened advantages), PPO (its critic too), CISPO (two
-    minibatches per rollout), DPO, and VinePPO and SPO-chain (their Monte-Carlo continuations dealt out across the
-    ranks and the values gathered): one optimizer step on 2 processes gives the parameters 1 process gives on the
+    minibatches per rollout), DPO, VinePPO and SPO-chain (their Monte-Carlo continuations dealt out across the
+    ranks and the values gathered), and single-stream PO (two steps: the second reads the tracker the first updated,
+    a copy per rank): the optimizer steps on 2 processes give the parameters 1 process gives on the
     same global batch, to float32 summation order (bound 1e-5, and 1 % of what the step itself moved)."""
     two = _torchrun(tmp_path, ALGORITHMS, nproc=2)
     start = _initial()
