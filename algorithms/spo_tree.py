@@ -87,8 +87,8 @@ class SPOTree(TreeRollouts, SPOChain):
 
     def mc_advantages(self, ro) -> torch.Tensor:
         """The tree's edge advantages; the loss keeps each nonzero edge once, at its low-probability tokens."""
-        assert self.tree is not None and len(self.tree.paths) == ro.size, "the step's rows are the last tree's leaves"
-        t = self.tree
+        t = self.step_tree()
+        assert len(t.paths) == ro.size, "the step's rows are the last tree's leaves"
         adv, keep = spo_tree_token_advantages(
             t.paths, t.starts, ro.lengths.tolist(), ro.rewards.tolist(), ro.group_size, ro.completion_ids.shape[1]
         )

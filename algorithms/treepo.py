@@ -76,7 +76,8 @@ class TreePO(TreeRollouts, GRPO):
     hf_only = "grows its rollouts as trees"
 
     def advantages(self, ro) -> torch.Tensor:
-        assert self.tree is not None and len(self.tree.paths) == ro.size, "the step's rows are the last tree's leaves"
-        A = treepo_advantages(self.tree.paths, ro.rewards.tolist(), ro.group_size, self.acfg.adv_weight)
+        tree = self.step_tree()
+        assert len(tree.paths) == ro.size, "the step's rows are the last tree's leaves"
+        A = treepo_advantages(tree.paths, ro.rewards.tolist(), ro.group_size, self.acfg.adv_weight)
         tok = A.to(ro.rewards)[:, None].expand_as(ro.train_mask)
         return masked_whiten(tok, ro.train_mask.bool())

@@ -62,10 +62,13 @@ def injected_score(self, ro) -> None:
 # The global batch here is 4 prompts x 4 completions = 16 rows; CISPO's file asks for minibatches of 32: two of 8
 # (two optimizer steps per rollout, each minibatch's rows split across the ranks by ownership).
 # VinePPO: a state every 3 tokens and 3 continuations each, so that the step's prefixes fill several chunks (dealt out
-# across the ranks).
+# across the ranks). The trees: G = 4 leaves as 2 x 2 segments of 4 tokens, grown from the real policy (the injected
+# sampler is the group sampler's; the trees' scores are injected).
 PER_ALGORITHM = {
     "cispo": ["train.minibatch_size=8"],
     "vineppo": ["algorithm.steps=every", "algorithm.step_tokens=3", "algorithm.mc_rollouts=3"],
+    "treepo": ["algorithm.fanout=[2,2]", "algorithm.segment_tokens=4"],
+    "spo_tree": ["algorithm.fanout=[2,2]", "algorithm.segment_tokens=4"],
     "spo_stream": [
         "rollout.prompts_per_step=8",
         "rollout.group_size=1",

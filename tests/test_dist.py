@@ -26,7 +26,8 @@ from bench.engine.policy import load_policy
 from tests.conftest import SMALL
 
 HELPER = ROOT / "tests" / "dist_step.py"
-ALGORITHMS = ["grpo", "dapo", "reinforce_pp", "ppo", "cispo", "dpo", "vineppo", "spo_chain", "spo_stream"]
+ALGORITHMS = ["grpo", "dapo", "reinforce_pp", "ppo", "cispo", "dpo", "vineppo", "spo_chain", "spo_stream", "treepo",
+              "spo_tree"]  # fmt: skip
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
@@ -66,8 +67,9 @@ def one_process(tmp_path_factory):
 def test_one_step_on_two_processes_equals_one_process(one_process, tmp_path):
     """GRPO, DAPO (dynamic sampling), REINFORCE++ (batch-whitened advantages), PPO (its critic too), CISPO (two
     minibatches per rollout), DPO, VinePPO and SPO-chain (their Monte-Carlo continuations dealt out across the
-    ranks and the values gathered), and single-stream PO (two steps: the second reads the tracker the first updated,
-    a copy per rank): the optimizer steps on 2 processes give the parameters 1 process gives on the
+    ranks and the values gathered), single-stream PO (two steps: the second reads the tracker the first updated,
+    a copy per rank), and TreePO and SPO-tree (each rank grows its prompts' trees, gathered before the advantages):
+    the optimizer steps on 2 processes give the parameters 1 process gives on the
     same global batch, to float32 summation order (bound 1e-5, and 1 % of what the step itself moved)."""
     two = _torchrun(tmp_path, ALGORITHMS, nproc=2)
     start = _initial()

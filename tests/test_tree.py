@@ -53,6 +53,26 @@ def test_a_tree_has_g_leaves_per_prompt_that_share_their_common_segments(setup):
     assert tree.tokens == sum(own.values()) < int(g.lengths.sum())
 
 
+def test_a_prompts_tree_does_not_depend_on_the_prompts_beside_it(setup):
+    """Each prompt's tree grown alone equals its part of the two prompts' trees grown together (tokens, log-probs,
+    shape): a segment's seed is its prompt's seed and its place in that prompt's tree, not a batch-wide node number
+    (which made the trees of several ranks differ from one process's)."""
+    policy, tok, batch, kw = setup
+    args = dict(leaves=4, fanout=[2, 2], segment_tokens=3, max_new_tokens=10, **kw)
+    both = sample_tree(policy, batch["prompt_ids"], batch["prompt_mask"], seeds=[7, 8], **args)
+    for p, seed in enumerate([7, 8]):
+        alone = sample_tree(policy, batch["prompt_ids"][p : p + 1], batch["prompt_mask"][p : p + 1], seeds=[seed],
+                            **args)  # fmt: skip
+        rows = slice(4 * p, 4 * p + 4)
+        T = alone.gen.completion_ids.shape[1]
+        assert torch.equal(both.gen.completion_ids[rows, :T], alone.gen.completion_ids)
+        # the log-probs to float rounding: a batch of one prompt pads (and so sums) differently from a batch of two
+        assert torch.allclose(both.gen.sampler_logp[rows, :T], alone.gen.sampler_logp, atol=1e-5)
+        assert both.starts[rows] == alone.starts
+        shape = lambda paths: [[sorted({q[d] for q in paths}).index(x[d]) for d in range(len(x))] for x in paths]  # noqa: E731
+        assert shape(both.paths[rows]) == shape(alone.paths)
+
+
 def test_a_one_level_tree_is_group_sampling(setup):
     """Fan-out [G]: the root's G children run to the end from the prompt, which is branch from the empty prefix with
     M = G, i.e. generate's group sampling from the node's seed, bit for bit."""

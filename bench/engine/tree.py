@@ -8,6 +8,10 @@ an unfinished node of the same prompt at the same level, chosen by the step's se
 or, when none is left, to fresh completions sampled from the prompt. So every prompt has exactly G leaves, each a
 whole completion, and a step's rows keep their group structure.
 
+A node's segment is seeded by its prompt's seed and its place in that prompt's tree (the child index at each level),
+so a prompt's tree does not depend on the other prompts sampled beside it (one process or several ranks: the same
+trees). Node ids (``Tree.paths``) are unique over the whole batch.
+
 Every token is generated once: a shared segment is not resampled for each leaf below it. ``Tree.tokens`` counts what
 was generated (the leaves' lengths count shared segments once per leaf).
 """
@@ -39,6 +43,7 @@ class _Node:
     path: list[int]
     starts: list[int]
     eos: bool = False
+    local: tuple[int, ...] = ()  # the child index at each level: the node's place in its own prompt's tree
 
 
 @torch.no_grad()
@@ -77,7 +82,7 @@ def sample_tree(
             rows = torch.tensor([n.p for n in nodes], device=prompt_ids.device)
             gen = branch(model, prompt_ids[rows], prompt_mask[rows], comp, [len(n.ids) for n in nodes],
                          continuations=k, max_new_tokens=max_new_tokens,
-                         seeds=[sample_seed(seeds[n.p], "tree", *n.path) for n in nodes],
+                         seeds=[sample_seed(seeds[n.p], "tree", *n.local) for n in nodes],
                          segment_tokens=None if last else segment_tokens, **sampling)  # fmt: skip
             tokens += int(gen.lengths.sum())
             for i, n in enumerate(nodes):
@@ -86,7 +91,8 @@ def sample_tree(
                     r, L = i * k + j, int(gen.lengths[i * k + j])
                     ids = gen.completion_ids[r, :L].tolist()
                     child = _Node(n.p, n.ids + ids, n.logp + gen.sampler_logp[r, :L].tolist(), shares[j],
-                                  [*n.path, next(counter)], [*n.starts, len(n.ids)], eos=eos in ids)  # fmt: skip
+                                  [*n.path, next(counter)], [*n.starts, len(n.ids)], eos=eos in ids,
+                                  local=(*n.local, j))  # fmt: skip
                     children.append(child)
         frontier = []
         for child in children:

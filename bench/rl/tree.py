@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from bench import dist
 from bench.engine.rollout import Generation
 from bench.engine.tree import Tree, sample_tree
 from bench.rl.objective import ADVANTAGES
@@ -42,5 +43,25 @@ class TreeRollouts:
         self.step_stats["rollout/tree_nodes"] = len({n for path in self.tree.paths for n in path})
         return self.tree.gen
 
-    def distributed_blockers(self, world: int) -> list[str]:
-        return [*super().distributed_blockers(world), f"{self.acfg.name}'s trees are grown on one process for now."]
+    def step_tree(self) -> Tree:
+        """The step's trees, for the advantages (which read the gathered rollout): on several ranks each grew the trees
+        of its own prompts, so they are gathered too (in rank order, node ids kept apart) and their counts summed.
+        Called once per step, by every rank."""
+        assert self.tree is not None, "no tree was grown this step"
+        if dist.active():
+            self.tree = gather_tree(self.tree)
+            keys = ("rollout/tree_tokens", "rollout/tree_nodes")
+            self.step_stats.update(dist.sum_dict({k: self.step_stats[k] for k in keys if k in self.step_stats}))
+        return self.tree
+
+
+def gather_tree(tree: Tree) -> Tree:
+    """Every rank's tree as one, leaves in rank order (the gathered rollout's rows), each rank's node ids shifted past
+    the previous ranks'. ``gen`` stays this rank's leaves: the gathered rollout holds every rank's."""
+    parts = dist.gather_objects((tree.paths, tree.starts, tree.tokens))
+    paths, starts, offset = [], [], 0
+    for p, s, _ in parts:
+        paths += [[n + offset for n in path] for path in p]
+        starts += s
+        offset += 1 + max((n for path in p for n in path), default=-1)
+    return Tree(tree.gen, paths, starts, sum(t for *_, t in parts))
