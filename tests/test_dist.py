@@ -5,6 +5,7 @@ pool and a local Ray cluster). Real processes, real MLflow stores; the step's sa
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -148,6 +149,30 @@ def test_twenty_grpo_steps_on_two_processes_give_one_process_eval_curve(tmp_path
     diff, moved = _max_diff(_final(one), _final(two)), _max_diff(_final(one), _initial())
     print(f"after 20 steps: max |diff| of the parameters {diff:.2e}; training moved them {moved:.2e}")
     assert diff < 1e-4 and diff < 0.01 * moved, (diff, moved)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (make install-vllm)")
+def test_one_vllm_engine_per_rank_trains_as_one_process_with_one_engine(tmp_path):
+    """rollout.engine=vllm on 2 processes: each rank starts its own engine (the policy's weights pushed to both every
+    step) and samples its prompts' groups from their global seeds, so 2 processes draw what 1 draws: the training
+    reward and tokens generated match step for step and the parameters after 3 steps agree to float32 summation order.
+    The tiny model with 1 head of 32 (the engine's CPU attention needs a head size of 32 or more)."""
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "coin.py").write_text(COIN)
+    extra = [f"include={tmp_path / 'tasks'}", "inject=false", "task=coin", "trainer.max_steps=3",
+             "rollout.engine=vllm", "model.num_heads=1"]  # fmt: skip
+    one = _torchrun(tmp_path / "one", ["grpo"], *extra)["grpo"]
+    two = _torchrun(tmp_path / "two", ["grpo"], *extra, nproc=2)["grpo"]
+    for key in ("reward/mean", "rollout/tokens_generated"):
+        c1 = _curve(one, tmp_path / "one" / "grpo" / "mlflow.db", key)
+        c2 = _curve(two, tmp_path / "two" / "grpo" / "mlflow.db", key)
+        print(f"{key}: 1 process {c1}; 2 processes {c2}")
+        assert c1 == c2 and len(c1) == 3, (key, c1, c2)
+    assert len(_curve(two, tmp_path / "two" / "grpo" / "mlflow.db", "time/weight_sync")) == 3
+    diff, moved = _max_diff(_final(one), _final(two)), _max_diff(_final(one), _initial())
+    print(f"after 3 steps: max |diff| of the parameters {diff:.2e}; training moved them {moved:.2e}")
+    assert moved > 1e-4 and diff < 0.01 * moved, (diff, moved)
 
 
 def _small_run(tmp: Path, *extra: str) -> list[str]:

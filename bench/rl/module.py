@@ -486,9 +486,6 @@ class RLModule(PolicyModule):
         if r.prompts_per_step % world:
             out.append(f"rollout.prompts_per_step={r.prompts_per_step} must divide by them (each rank takes whole "
                        f"groups of P / {world} prompts).")  # fmt: skip
-        if r.engine == "vllm":
-            out.append("rollout.engine=vllm runs on one process for now: one engine per rank is untested here (on "
-                       "this CPU two engines would bind the same cores).")  # fmt: skip
         if r.prompt_pool == "solvable":
             out.append("rollout.prompt_pool=solvable screens on one process for now: use prompt_pool=all.")
         if self.cfg.trainer.strategy == "fsdp":
