@@ -59,6 +59,18 @@ def test_bad_sweep_key_names_it_and_the_nearest(tmp_path):
         load_spec(str(p))
 
 
+def test_a_setting_axis_of_names_first_fails_at_planning_not_after_the_sweep(tmp_path):
+    """report.settings' first axis is the x-axis of the setting curves: a categorical one (the task) was accepted and
+    failed the report after every cell had run ("could not convert string to float: 'chain'")."""
+    p = tmp_path / "s.yaml"
+    axes = {"task": ["chain", "delay"], "task.horizon": [4, 8], "seed": [0]}
+    p.write_text(yaml.safe_dump({"axes": axes, "report": {"settings": ["task", "task.horizon"]}}))
+    with pytest.raises(ConfigError, match=r"report.settings\[0\] = 'task'.*must take numbers.*settings: \[task.h"):
+        load_spec(str(p))
+    p.write_text(yaml.safe_dump({"axes": axes, "report": {"settings": ["task.horizon"]}}))
+    assert load_spec(str(p)).report.settings == ["task.horizon"]
+
+
 def test_plan_crosses_axes_applies_excludes_and_config_keys(tmp_path):
     p = write_sweep(
         tmp_path,

@@ -184,6 +184,13 @@ def load_spec(name: str, overrides: list[str] = ()) -> SweepSpec:
             raise ConfigError(f"sweep {spec.name}: axis {axis!r} must be a non-empty list of values, got {values!r}")
     if spec.launcher not in LAUNCHERS:
         raise ConfigError(f"sweep {spec.name}: unknown launcher {spec.launcher!r}; available: {', '.join(LAUNCHERS)}")
+    knob = spec.report.settings[0] if spec.report.settings else None
+    if knob is not None and not all(isinstance(v, int | float) for v in spec.axes.get(knob, [])):
+        raise ConfigError(
+            f"sweep {spec.name}: report.settings[0] = {knob!r} is the x-axis of the setting curves and must take "
+            f"numbers (its values: {spec.axes[knob]}); put a numeric axis first, e.g. settings: [task.horizon] "
+            "(the task is always part of a setting)."
+        )
     return spec
 
 
