@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import statistics
 
 import numpy as np
@@ -418,3 +419,5 @@ def test_equal_budget_golden_values_and_a_variant_that_wins_per_step_only():
     named = per_step_not_per_budget(cs, 0.05)
     assert any(s.startswith("**fast wins per step but not per sample**") for s in named), named
     assert any("per token" in s for s in named), named
+    # each estimate once, with its interval: "+0.004 [lo, hi] at equal steps", not "+0.004 +0.004 [lo, hi]"
+    assert not any(re.search(r"([+-]\d\.\d{3}) \1 \[", s) for s in named), named

@@ -407,9 +407,9 @@ def per_step_not_per_budget(cs: list[Comparison], alpha: float) -> list[str]:
                     continue
                 what = "final value" if c.kind == "final" else "AUC"
                 where = f"at {_big(b.budget[1])} {axis}" if c.kind == "final" else f"over 0-{_big(b.budget[1])} {axis}"
-                out.append(f"**{v} wins per step but not per {axis[:-1]}** ({what}): {c.main.estimate:+.3f} "
-                           f"{_ci(c.main)} at equal steps (adjusted p {_p(c.p_adjusted)}), {b.main.estimate:+.3f} "
-                           f"{_ci(b.main)} {where} (adjusted p {_p(b.p_adjusted)}).")  # fmt: skip
+                out.append(f"**{v} wins per step but not per {axis[:-1]}** ({what}): {_ci(c.main)} at equal "
+                           f"steps (adjusted p {_p(c.p_adjusted)}), {_ci(b.main)} {where} "
+                           f"(adjusted p {_p(b.p_adjusted)}).")  # fmt: skip
     return out
 
 
