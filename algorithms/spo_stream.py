@@ -34,6 +34,7 @@ from typing import Literal
 import torch
 
 from algorithms.grpo import GRPO, GRPOConfig
+from bench import dist
 from bench.engine.policy import completion_logprobs
 from bench.engine.rollout import Rollout
 from bench.rl.losses import masked_mean
@@ -134,9 +135,11 @@ class SingleStreamPO(GRPO):
         was = self.policy.training
         self.policy.eval()
         try:
-            out = [completion_logprobs(self.policy, *(x[i : i + self.cfg.train.micro_batch_size] for x in batch),
-                                       temperature=self.cfg.rollout.temperature)[0]
-                   for i in range(0, len(rows), self.cfg.train.micro_batch_size)]  # fmt: skip
+            with dist.full_weights(self.policy):  # FSDP: gathered once, not per forward
+                mb = self.cfg.train.micro_batch_size
+                out = [completion_logprobs(self.policy, *(x[i : i + mb] for x in batch),
+                                           temperature=self.cfg.rollout.temperature)[0]
+                       for i in range(0, len(rows), mb)]  # fmt: skip
         finally:
             self.policy.train(was)
         logp = torch.cat(out)

@@ -57,6 +57,8 @@ def cmd_train(args: list[str]) -> None:
 
     resume_dir, rest = _pop(args, "resume")
     result = resume(resume_dir, rest) if resume_dir else train(_config(rest))
+    if result.run_id is None:  # ranks 1.. of a run on several processes: rank 0 prints the summary
+        return
     first, last = result.first_eval, result.last_eval
     print(
         f"\nheld-out accuracy (greedy pass@1): step {result.eval_history[0][0]}: {first['eval/accuracy']:.3f}"

@@ -12,10 +12,20 @@ corrections over the step, reward shaping, advantages with batch statistics, pre
 one process. Each rank runs forward and backward only on its own rows, with the step's global denominators, and the
 gradients are summed across ranks (``all_reduce_grads``) before clipping: the update equals the one-process update
 up to floating-point summation order.
+
+Under ``trainer.strategy=fsdp`` (Lightning's ModelParallelStrategy with FSDP2's ``fully_shard``, ``shard`` below) the
+policy's weights, gradients and optimizer state are sharded over the ranks. FSDP gathers a layer's weights inside
+each forward, which every rank must then run together; the rollout's forwards do not (a rank's decode stops at its
+own completions' end, its round of DAPO keeps its own number of groups). So the rollout, the behaviour pass and the
+evaluation run inside ``full_weights``: each rank gathers the whole weights once and runs its own forwards without
+collectives, as verl and TRL gather them for their rollouts. The update runs sharded: every rank runs the same
+number of micro-batches (``most``; a rank short of rows runs a zero-weighted one), and FSDP's reduce-scatter sums
+the gradients (``shard(sum_gradients=True)``) instead of ``all_reduce_grads``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -148,10 +158,15 @@ def gather_rows(x: torch.Tensor, pad_value=0, left: bool = False) -> tuple[torch
 
 @timed
 def all_reduce_grads(params) -> None:
-    """Sum every parameter's gradient over ranks (a rank without a gradient for one contributes zeros)."""
+    """Sum every parameter's gradient over ranks (a rank without a gradient for one contributes zeros). Parameters
+    FSDP shards (DTensors) are left alone: their gradients were reduce-scattered in the backward."""
     if not active():
         return
+    from torch.distributed.tensor import DTensor
+
     for p in params:
+        if isinstance(p, DTensor):
+            continue
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
@@ -160,3 +175,90 @@ def all_reduce_grads(params) -> None:
 def any_rank(flag: bool) -> bool:
     """Whether ``flag`` holds on any rank."""
     return bool(sum_floats(float(flag))[0] > 0)
+
+
+def most(n: int) -> int:
+    """The largest ``n`` over ranks."""
+    if not active():
+        return n
+    return max(gather_objects(int(n)))
+
+
+# ---- FSDP (trainer.strategy=fsdp) ------------------------------------------------------------------------------------
+def shard(model: torch.nn.Module, mesh, sum_gradients: bool) -> None:
+    """FSDP2's ``fully_shard`` on each transformer block (the classes transformers' ``_no_split_modules`` names, as
+    accelerate and TRL wrap them) and on the whole model (embeddings, final norm, head). ``sum_gradients``: the
+    reduce-scatter sums the ranks' gradients (the RL losses divide by the global batch's denominators already)
+    instead of averaging them."""
+    from torch.distributed.fsdp import fully_shard
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    blocks = set(getattr(base, "_no_split_modules", None) or ())
+    if not blocks:
+        raise ValueError(
+            f"trainer.strategy=fsdp: {type(base).__name__} names no transformer block class (_no_split_modules), "
+            "so there is nothing to shard per layer: use trainer.strategy=ddp"
+        )
+    for module in model.modules():
+        if type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if sum_gradients:
+        for module in fsdp_modules(model):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+
+
+def fsdp_modules(model: torch.nn.Module) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def sharded(model: torch.nn.Module) -> bool:
+    return bool(fsdp_modules(model))
+
+
+@contextlib.contextmanager
+def full_weights(model: torch.nn.Module):
+    """Inside: an FSDP-sharded ``model`` holds its whole weights on every rank, gathered once on entry and kept through
+    every forward, so ranks may run different numbers of forwards; on exit they are sharded again. Every rank must
+    enter together. Nested entries and unsharded models pass through."""
+    modules = fsdp_modules(model)
+    if not modules or getattr(model, "_bench_full", False):
+        yield
+        return
+    t0 = time.perf_counter()
+    for m in modules:
+        m.set_reshard_after_forward(False)
+        m.unshard()
+    global collective_s
+    collective_s += time.perf_counter() - t0
+    model._bench_full = True
+    try:
+        yield
+    finally:
+        model._bench_full = False
+        for m in modules:
+            m.reshard()
+            m.set_reshard_after_forward(True)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict | None:
+    """The whole weights of an FSDP-sharded ``model`` on every rank (in CPU memory), for ``save_pretrained``; None
+    when it is not sharded. Every rank must call it."""
+    if not sharded(model):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # a tied weight (the LM head on the embeddings) once, under its first name, as save_pretrained writes it unsharded
+    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    return {k: v for k, v in whole.items() if k not in tied}
+
+
+def local(x: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor (the gradient norm of FSDP-sharded parameters) as a plain tensor; others unchanged."""
+    from torch.distributed.tensor import DTensor
+
+    return x.full_tensor() if isinstance(x, DTensor) else x

@@ -146,7 +146,11 @@ def ensure_experiment(client, name: str, uri: str) -> str:
                 raise
         exp = client.get_experiment_by_name(name)
     if exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND:
-        client.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND)
+        try:
+            client.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND)
+        except MlflowException:  # another process (a rank beside this one) tagged it first
+            if client.get_experiment(exp.experiment_id).tags.get("mlflow.experimentKind") != EXPERIMENT_KIND:
+                raise
     return exp.experiment_id
 
 

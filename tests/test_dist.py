@@ -83,6 +83,41 @@ def test_one_step_on_two_processes_equals_one_process(one_process, tmp_path):
         assert diff < min(1e-5, 0.01 * moved), (a, diff, moved)
 
 
+def test_one_step_on_two_processes_under_fsdp_equals_one_process(one_process, tmp_path):
+    """trainer.strategy=fsdp (Lightning's ModelParallelStrategy, FSDP2 on CPU with gloo): the policy's weights are
+    sharded (each rank holds about half), the rollout's forwards run on weights gathered once per step, the update's
+    on the shards with as many micro-batches on each rank, and the reduce-scatter sums the ranks' gradients. The same
+    eleven algorithms' steps give the parameters one process gives, to float32 summation order; the final weights are
+    written whole, under the names one process writes."""
+    two = _torchrun(tmp_path, ALGORITHMS, "trainer.strategy=fsdp", nproc=2)
+    start = _initial()
+    for a in ALGORITHMS:
+        p1, p2 = _final(one_process[a]), _final(two[a])
+        assert sorted(p1) == sorted(p2), (a, sorted(set(p1) ^ set(p2)))
+        moved = _max_diff({k: p1[k] for k in start if k in p1}, {k: start[k] for k in start if k in p1})
+        diff = _max_diff(p1, p2)
+        print(f"{a}: 2 processes under FSDP vs 1: max |diff| {diff:.2e}; the step moved {moved:.2e}")
+        assert moved > 1e-4, (a, moved)
+        assert diff < min(1e-5, 0.01 * moved), (a, diff, moved)
+        params = MlflowClient(f"sqlite:///{tmp_path / a / 'mlflow.db'}").get_run(two[a]["run_id"]).data.params
+        assert 0.45 < float(params["dist/fsdp_weights_per_rank"]) < 0.55, params["dist/fsdp_weights_per_rank"]
+
+
+@pytest.mark.slow
+def test_fsdp_with_lora_on_two_processes_equals_one_process(tmp_path):
+    """LoRA under FSDP: the frozen base and the adapters are sharded together, the reference is the same network with
+    its adapter off (run on the gathered weights), and only the adapters move: GRPO and DPO (which reads the
+    reference), 2 processes under FSDP against 1, to float32 summation order; the adapter is saved under the names
+    one process saves."""
+    one = _torchrun(tmp_path / "one", ["grpo", "dpo"], "model.lora.enabled=true")
+    two = _torchrun(tmp_path / "two", ["grpo", "dpo"], "model.lora.enabled=true", "trainer.strategy=fsdp", nproc=2)
+    for a in ("grpo", "dpo"):
+        p1, p2 = (load_file(str(Path(r[a]["run_dir"]) / "final" / "adapter_model.safetensors")) for r in (one, two))
+        diff = _max_diff(p1, p2)
+        print(f"LoRA {a}: 2 processes under FSDP vs 1: max |diff| {diff:.2e}")
+        assert sorted(p1) == sorted(p2) and len(p1) > 0 and diff < 1e-5, (a, diff)
+
+
 def test_a_statistic_not_reduced_across_ranks_fails_at_start_up_with_why(tmp_path):
     """Choices the step cannot yet reduce across ranks stop the run before its first step, naming the choice."""
     from bench.registry import ALGORITHMS as REG
@@ -92,7 +127,7 @@ def test_a_statistic_not_reduced_across_ranks_fails_at_start_up_with_why(tmp_pat
         ("grpo", ["rollout.prompts_per_step=3"], "rollout.prompts_per_step=3 must divide"),
         ("clip_cov", [], "trust_region=clip_cov"),
         ("kto", [], "loss=kto"),
-        ("grpo", ["trainer.strategy=fsdp"], "trainer.strategy=fsdp"),
+        ("grpo", ["trainer.strategy=fsdp", "rollout.staleness=1"], "trainer.strategy=fsdp samples from the policy"),
     ]:
         cfg = OmegaConf.to_object(compose([f"algorithm={algorithm}", "task=countdown", *SMALL, *extra]))
         policy, tok = load_policy(cfg.model, 0)
@@ -126,18 +161,20 @@ def _curve(result: dict, store: Path, key: str) -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow
-def test_twenty_grpo_steps_on_two_processes_give_one_process_eval_curve(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_twenty_grpo_steps_on_two_processes_give_one_process_eval_curve(tmp_path, strategy):
     """Real sampling and rewards (a dropped-in coin task the tiny model scores about half on): each rank samples its
     own prompts' groups from their global seeds, so 2 processes draw what 1 draws; the held-out curve (greedy, split
     across ranks and gathered) and the training reward match step for step, and the parameters after 20 steps agree
     to float32 summation order (batched decoding of 2 prompts instead of 4 pads differently, which can move a logit by
-    ~1e-7; a sampled token that flipped would show in the reward curve)."""
+    ~1e-7; a sampled token that flipped would show in the reward curve). Under FSDP each rank decodes its prompts and
+    its share of the held-out set on the gathered weights, stopping at its own completions' end."""
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "coin.py").write_text(COIN)
     extra = [f"include={tmp_path / 'tasks'}", "inject=false", "task=coin", "trainer.max_steps=20",
              "trainer.eval_every=5", "task.num_eval=24", "eval.batch_size=24", "optim.lr=3e-3"]  # fmt: skip
     one = _torchrun(tmp_path / "one", ["grpo"], *extra)["grpo"]
-    two = _torchrun(tmp_path / "two", ["grpo"], *extra, nproc=2)["grpo"]
+    two = _torchrun(tmp_path / "two", ["grpo"], *extra, f"trainer.strategy={strategy}", nproc=2)["grpo"]
     for key in ("eval/accuracy", "reward/mean"):
         c1 = _curve(one, tmp_path / "one" / "grpo" / "mlflow.db", key)
         c2 = _curve(two, tmp_path / "two" / "grpo" / "mlflow.db", key)
@@ -197,13 +234,15 @@ def _started(tmp: Path, proc, steps: int = 3) -> tuple[Path, str]:
 
 
 @pytest.mark.slow
-def test_two_process_run_stopped_by_sigterm_to_rank_0_resumes_to_one_finished_run(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_process_run_stopped_by_sigterm_to_rank_0_resumes_to_one_finished_run(tmp_path, strategy):
     """SIGTERM reaches rank 0 only (as `kill` would): both ranks stop at the same step boundary, the checkpoint is
-    written whole, the MLflow run is KILLED; resume= (the same command) restarts both ranks from it and the one MLflow
-    run ends FINISHED with every step logged exactly once."""
+    written whole (under FSDP gathered from the shards: one file), the MLflow run is KILLED; resume= (the same
+    command) restarts both ranks from it (FSDP shards it again) and the one MLflow run ends FINISHED with every step
+    logged exactly once."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(_small_run(tmp_path), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(_small_run(tmp_path, f"trainer.strategy={strategy}"), cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     run_dir, run_id = _started(tmp_path, proc)
     proc.send_signal(signal.SIGTERM)
     output = proc.communicate(timeout=300)[0]
@@ -212,7 +251,7 @@ def test_two_process_run_stopped_by_sigterm_to_rank_0_resumes_to_one_finished_ru
     run = client.get_run(run_id)
     assert run.info.status == "KILLED" and "SIGTERM" in run.data.tags.get("interrupted", ""), (run.info, output[-2000:])
     assert run.data.params["dist/world_size"] == "2"
-    assert (run_dir / "checkpoints" / "last.ckpt").exists() and not list(run_dir.glob("checkpoints/*.partial"))
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and not list(run_dir.glob("checkpoints/*.partial"))
     stop = max(m.step for m in client.get_metric_history(run_id, "reward/mean")) + 3
     cmd = [sys.executable, "-m", "bench", "train", f"resume={run_dir}", f"trainer.max_steps={stop}"]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -315,17 +354,38 @@ def test_two_gpus_with_nccl_equal_one_gpu(tmp_path):
         assert diff < 1e-4, (a, diff)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
-def test_fsdp_trains_an_sft_warm_start_on_two_gpus(tmp_path):
-    """trainer.strategy=fsdp (Lightning's FSDP; it refuses the CPU): an SFT run on 2 GPUs finishes with its loss
-    logged; the RL families refuse FSDP at start-up (test_a_statistic_not_reduced_across_ranks_fails_at_start_up)."""
-    cmd = [sys.executable, "-m", "bench", "train", "algorithm=sft", "task=countdown", "model=tiny",
-           "trainer.devices=2", "trainer.strategy=fsdp", "trainer.accelerator=gpu", "trainer.max_steps=5",
-           f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", f"output_dir={tmp_path / 'runs'}",
-           f"cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+def _sft(tmp: Path, *extra: str) -> dict[str, torch.Tensor]:
+    cmd = [sys.executable, "-m", "bench", "train", "algorithm=sft", "task=countdown", "model=tiny", "trainer.devices=2",
+           "trainer.max_steps=5", "trainer.progress_bar=false", f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}",
+           f"output_dir={tmp / 'runs'}", f"cache_dir={tmp / 'cache'}", *extra]  # fmt: skip
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
     run = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
     assert run.info.status == "FINISHED" and len(client.get_metric_history(run.info.run_id, "loss/sft")) >= 5
+    return load_file(str(next((tmp / "runs").glob("*/final/model.safetensors"))))
+
+
+@pytest.mark.slow
+def test_fsdp_sft_warm_start_on_two_processes_equals_ddp(tmp_path):
+    """trainer.strategy=fsdp for SFT (each rank's mean loss, FSDP's reduce-scatter averaging the ranks' gradients, as
+    DDP's all-reduce does): 5 steps on 2 CPU processes give DDP's parameters, to float32 summation order."""
+    ddp = _sft(tmp_path / "ddp", "trainer.accelerator=cpu", "trainer.strategy=ddp")
+    fsdp = _sft(tmp_path / "fsdp", "trainer.accelerator=cpu", "trainer.strategy=fsdp")
+    diff = _max_diff(ddp, fsdp)
+    print(f"SFT, 5 steps, FSDP vs DDP on 2 processes: max |diff| {diff:.2e}")
+    assert sorted(ddp) == sorted(fsdp) and diff < 1e-5, diff
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_fsdp_on_two_gpus_equals_one_gpu(tmp_path):
+    """trainer.strategy=fsdp on CUDA with NCCL: GRPO and PPO, 2 GPUs against 1, and an SFT warm start that finishes."""
+    extra = ["trainer.accelerator=gpu"]
+    one = _torchrun(tmp_path / "one", ["grpo", "ppo"], *extra)
+    two = _torchrun(tmp_path / "two", ["grpo", "ppo"], *extra, "trainer.strategy=fsdp", nproc=2)
+    for a in ("grpo", "ppo"):
+        diff = _max_diff(_final(one[a]), _final(two[a]))
+        print(f"cuda fsdp {a}: 2 GPUs vs 1: max |diff| {diff:.2e}")
+        assert diff < 1e-4, (a, diff)
+    _sft(tmp_path / "sft", "trainer.accelerator=gpu", "trainer.strategy=fsdp")

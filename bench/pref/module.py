@@ -382,28 +382,34 @@ class Preference(RLModule):
         # on several ranks: the pairs (within groups) whose rows are this rank's; the loss divides by all ranks' items
         owned = torch.ones(ro.size, dtype=torch.bool) if ro.owned is None else ro.owned.cpu()
         mine = owned[it.w] if paired else owned[it.rows]
-        for chunk in torch.arange(it.n)[mine].split(per_micro):
+        chunks = list(torch.arange(it.n)[mine].split(per_micro))
+        sharded = dist.sharded(self.policy)  # FSDP: as many forwards and backwards on every rank, the extra weighted 0
+        filler = dist.most(len(chunks)) - len(chunks) if sharded else 0
+        finite = True
+        for j, chunk in enumerate(chunks + [torch.arange(1)] * filler):
             if paired:
                 loss_vec, stats = self.pair_losses(ro, it.w[chunk], it.l[chunk])
             else:
                 loss_vec, stats = self.labelled_losses(ro, it.rows[chunk], it.desirable[chunk], it.adv[chunk])
+            weight = 1.0 if j < len(chunks) else 0.0
             loss = loss_vec.sum() / it.n
-            if not torch.isfinite(loss):
+            if weight and not torch.isfinite(loss):
                 finite = False
-                break
-            self.manual_backward(loss)
+                if not sharded:
+                    break
+            self.manual_backward(loss * weight)
+            if not weight:
+                continue
             sums["loss/total"] += float(loss.detach())
             for k, v in stats.items():
                 sums[k] += float(v.detach()) / it.n
-        else:
-            finite = True
         if dist.any_rank(not finite):  # on any rank: every rank skips the step
             opt.zero_grad(set_to_none=True)
             self.nonfinite_skipped += 1
             return out | {"stats/optimizer_steps": 0}
         dist.all_reduce_grads(params)
         sums = defaultdict(float, dist.sum_dict(sums))
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)
+        grad_norm = dist.local(torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm))
         if not torch.isfinite(grad_norm):
             opt.zero_grad(set_to_none=True)
             self.nonfinite_skipped += 1

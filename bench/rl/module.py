@@ -255,6 +255,20 @@ class PolicyModule(L.LightningModule):
             raise ConfigError(f"algorithm={self.cfg.algorithm.name} {why} with the hf engine only; rollout.engine="
                               f"{engine} does not do that yet: use rollout.engine=hf.")  # fmt: skip
 
+    sums_gradients: bool = False
+    """Whether this module's loss already divides by the global batch's denominators, so the ranks' gradients are
+    summed (the RL modules: bench/dist.py), not averaged (SFT: each rank's mean over its own batch)."""
+
+    def configure_model(self) -> None:
+        """trainer.strategy=fsdp (Lightning's ModelParallelStrategy sets ``device_mesh``): shard the policy with FSDP2
+        over the data-parallel ranks. A critic or a reference copy stays whole on every rank."""
+        if self.device_mesh is not None and not dist.sharded(self.policy):
+            dist.shard(self.policy, self.device_mesh["data_parallel"], sum_gradients=self.sums_gradients)
+            held = sum(p.to_local().numel() for p in self.policy.parameters())
+            share = dist.sum_floats(held)[0] / dist.world() / sum(p.numel() for p in self.policy.parameters())
+            for logger in self.loggers:  # the policy's weights one rank holds between forwards (1 / ranks, ± padding)
+                logger.log_hyperparams({"dist/fsdp_weights_per_rank": round(share, 4)})
+
     def setup(self, stage: str) -> None:
         """After the process group exists: a per-rank seed for torch's global generator, derived from the run seed and
         the rank (sampling is seeded per prompt and does not use it), recorded with the run."""
@@ -278,33 +292,34 @@ class PolicyModule(L.LightningModule):
         examples = self.task.eval_examples()[dist.share(len(self.task.eval_examples()))]  # this rank's problems
         outcomes: list[dict] = [{"uid": ex.uid} for ex in examples]
         rows, components = [], defaultdict(list)
-        for start, chunk, texts, lengths in self._generations(examples, 1, 0.0):
-            for i, (ex, text, n) in enumerate(zip(chunk, texts, lengths, strict=True)):
-                res = self.task.reward(ex, text)
-                outcomes[start + i].update(correct=int(self.task.is_correct(res)), score=float(res.score), length=n)
-                for k, v in res.components.items():
-                    components[k].append(float(v))
-                if len(rows) < e.samples_logged:
-                    rows.append(
-                        {
-                            "step": self.step_count,
-                            "uid": ex.uid,
-                            "prompt": self.task.render_prompt(ex),
-                            "completion": text,
-                            "score": res.score,
-                        }
-                    )
-        k = e.samples_per_problem
-        if k:
-            for start, chunk, texts, lengths in self._generations(examples, k, e.temperature):
-                for i, ex in enumerate(chunk):
-                    results = [self.task.reward(ex, t) for t in texts[i * k : (i + 1) * k]]
-                    outcomes[start + i].update(
-                        n=k,
-                        n_correct=sum(self.task.is_correct(r) for r in results),
-                        score_mean=math.fsum(r.score for r in results) / k,
-                        length_mean=sum(lengths[i * k : (i + 1) * k]) / k,
-                    )
+        with dist.full_weights(self.policy):  # FSDP: each rank decodes its own problems on the whole weights
+            for start, chunk, texts, lengths in self._generations(examples, 1, 0.0):
+                for i, (ex, text, n) in enumerate(zip(chunk, texts, lengths, strict=True)):
+                    res = self.task.reward(ex, text)
+                    outcomes[start + i].update(correct=int(self.task.is_correct(res)), score=float(res.score), length=n)
+                    for k, v in res.components.items():
+                        components[k].append(float(v))
+                    if len(rows) < e.samples_logged:
+                        rows.append(
+                            {
+                                "step": self.step_count,
+                                "uid": ex.uid,
+                                "prompt": self.task.render_prompt(ex),
+                                "completion": text,
+                                "score": res.score,
+                            }
+                        )
+            k = e.samples_per_problem
+            if k:
+                for start, chunk, texts, lengths in self._generations(examples, k, e.temperature):
+                    for i, ex in enumerate(chunk):
+                        results = [self.task.reward(ex, t) for t in texts[i * k : (i + 1) * k]]
+                        outcomes[start + i].update(
+                            n=k,
+                            n_correct=sum(self.task.is_correct(r) for r in results),
+                            score_mean=math.fsum(r.score for r in results) / k,
+                            length_mean=sum(lengths[i * k : (i + 1) * k]) / k,
+                        )
         if dist.active():  # every rank's problems, in the set's order, so every outcome is kept and logged
             outcomes = [o for part in dist.gather_objects(outcomes) for o in part]
             rows = [r for part in dist.gather_objects(rows) for r in part][: e.samples_logged]
@@ -374,6 +389,8 @@ class PolicyModule(L.LightningModule):
 
 class RLModule(PolicyModule):
     """Manual optimisation. Subclasses implement ``advantages(rollout)`` and ``loss(rows, logp, norm)``."""
+
+    sums_gradients = True  # the losses divide by the global batch's denominators (bench/dist.py)
 
     def __init__(self, cfg, policy, tokenizer, task):
         super().__init__(cfg, policy, tokenizer, task)
@@ -488,11 +505,10 @@ class RLModule(PolicyModule):
                        f"groups of P / {world} prompts).")  # fmt: skip
         if r.prompt_pool == "solvable":
             out.append("rollout.prompt_pool=solvable screens on one process for now: use prompt_pool=all.")
-        if self.cfg.trainer.strategy == "fsdp":
-            out.append("trainer.strategy=fsdp: FSDP gathers the sharded weights inside every forward, so every rank "
-                       "must run the same forwards, but the sampling loop stops each rank at its own completions' "
-                       "end and each rank trains on its own rows (bench/dist.py); FSDP runs only SFT warm starts for "
-                       "now (on GPUs: Lightning's FSDP needs CUDA). Use trainer.strategy=ddp.")  # fmt: skip
+        if self.cfg.trainer.strategy == "fsdp" and not self.behaviour.is_policy:
+            out.append("trainer.strategy=fsdp samples from the policy itself for now: the behaviour copy or engine of "
+                       "rollout.sampler_dtype, rollout.staleness and rollout.engine=vllm is built from whole weights "
+                       "and is not fed from the sharded ones yet. Use trainer.strategy=ddp for those.")  # fmt: skip
         return out
 
     # ---- the prompts ------------------------------------------------------------------------------------------------
@@ -746,18 +762,20 @@ class RLModule(PolicyModule):
         self.timer = defaultdict(float)
         self.step_stats = {}
         self.loss_calls = 0
-        ro, collect_stats, everything = self.collect(batch)
-        t1 = time.perf_counter()
         stats: dict[str, float] = {}
-        if ro.size > 0:  # per row, where the rows are (on several ranks: this rank's)
-            self.behaviour_logprobs(ro)
-        # On several ranks every rank now holds the global batch, and what follows reads batch-wide statistics exactly
-        # as one process does; the update runs forward and backward on this rank's rows only (self.owned).
-        ro, everything = ro.gather(), everything.gather()
+        with dist.full_weights(self.policy):  # FSDP: each rank's own rollout forwards run on the whole weights
+            ro, collect_stats, everything = self.collect(batch)
+            t1 = time.perf_counter()
+            if ro.size > 0:  # per row, where the rows are (on several ranks: this rank's)
+                self.behaviour_logprobs(ro)
+            # On several ranks every rank now holds the global batch, and what follows reads batch-wide statistics
+            # exactly as one process does; the update runs forward and backward on this rank's rows only (ro.owned).
+            ro, everything = ro.gather(), everything.gather()
+            if ro.size > 0:
+                self.correct_behaviour(ro)
+                self.shape_rewards(ro)
+                ro.adv = self.advantages(ro)
         if ro.size > 0:
-            self.correct_behaviour(ro)
-            self.shape_rewards(ro)
-            ro.adv = self.advantages(ro)
             stats = self.update(ro)
         t2 = time.perf_counter()
         self.extra_tokens = int(dist.sum_floats(self.extra_tokens)[0])
@@ -821,6 +839,7 @@ class RLModule(PolicyModule):
         if t.skip_zero_adv and self.zero_adv_rows_inert:
             nonzero = ro.adv != 0
             active &= (nonzero & ro.train_mask.bool()).any(1) if ro.adv.dim() == 2 else nonzero
+        sharded = dist.sharded(self.policy)
         mb_size = t.minibatch_size or B
         assert B % mb_size == 0, f"rollout batch {B} is not divisible by train.minibatch_size={mb_size}"
         sums: dict[str, float] = defaultdict(float)
@@ -839,11 +858,17 @@ class RLModule(PolicyModule):
                 elif t.trim_padding:
                     fwd = fwd[ro.mask[fwd].sum(1).argsort(descending=True, stable=True)]
                 fwd_tokens = max(dist.sum_floats(float(ro.train_mask[fwd].sum()))[0], 1.0)  # all ranks' rows run
-                if len(fwd) == 0:  # nothing carries a gradient: step on zeros, as the full computation would
+                micros = list(fwd.split(t.micro_batch_size)) if len(fwd) else []
+                # FSDP: every rank runs as many forwards and backwards as the busiest; the extra ones are weighted 0
+                filler = (dist.most(len(micros)) - len(micros)) if sharded else 0
+                if (
+                    len(micros) + filler == 0
+                ):  # nothing carries a gradient: step on zeros, as the full computation would
                     for p in params:
                         p.grad = torch.zeros_like(p)
                     step_stats["loss/total"] = 0.0
-                for micro in fwd.split(t.micro_batch_size) if len(fwd) else ():
+                for j, micro in enumerate(micros + [mb[:1]] * filler):
+                    weight = 1.0 if j < len(micros) else 0.0
                     rows = ro.rows(micro)
                     deferred = "old_logp" not in rows
                     logp, entropy = completion_logprobs(
@@ -861,10 +886,13 @@ class RLModule(PolicyModule):
                     extra = self.behaviour_rows(rows) if deferred else {}
                     loss, stats = self.loss(rows, logp, norm)
                     stats = {**extra, **stats}
-                    if not torch.isfinite(loss):
+                    if weight and not torch.isfinite(loss):
                         finite = False
-                        break
-                    self.manual_backward(loss)
+                        if not sharded:  # under FSDP the other ranks' backward needs this one's: the step is skipped
+                            break
+                    self.manual_backward(loss * weight)
+                    if weight == 0.0:
+                        continue
                     w = float(rows["mask"].sum()) / fwd_tokens  # token-weighted average over the rows run
                     step_stats["loss/total"] += float(loss.detach())
                     step_stats["stats/entropy"] += w * float(
@@ -879,7 +907,7 @@ class RLModule(PolicyModule):
                     step_stats = defaultdict(
                         float, zip(keys, dist.sum_floats(*(step_stats[k] for k in keys)), strict=True)
                     )
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm)
+                grad_norm = dist.local(torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.max_grad_norm))
                 if not finite or not torch.isfinite(grad_norm):
                     # Non-finite loss or gradient: skip this update, count it, continue.
                     opt.zero_grad(set_to_none=True)

@@ -416,8 +416,9 @@ def _fit(cfg, module, dm, policy, tokenizer, logger, run_dir, uri, resume_dir) -
         module.reference.to(trainer.strategy.root_device)
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt if resume_dir is not None else None)
     final = run_dir / "final"
+    whole = dist.full_state_dict(policy)  # FSDP: every rank gathers the sharded weights (None when not sharded)
     if lead:
-        policy.save_pretrained(final)
+        policy.save_pretrained(final, **({} if whole is None else {"state_dict": whole}))
         tokenizer.save_pretrained(final)
         logger.log_json({"eval_history": module.eval_history}, "eval_history.json")
     return RunResult(run_id=logger.run_id, run_dir=run_dir, eval_history=module.eval_history)
@@ -426,11 +427,17 @@ def _fit(cfg, module, dm, policy, tokenizer, logger, run_dir, uri, resume_dir) -
 def _strategy(name: str, world: int):
     """Lightning's strategy: one device (auto), or DDP / FSDP over ``world`` processes. DDP's own gradient hooks are
     not used by the RL modules (they sum gradients themselves after a step's micro-batches: bench/dist.py), which
-    also lets ranks run different numbers of micro-batches."""
+    also lets ranks run different numbers of micro-batches. FSDP is Lightning's ModelParallelStrategy (FSDP2: the
+    module's ``configure_model`` shards the policy, bench/dist.py), with a data-parallel mesh over every rank; it
+    writes whole checkpoints (one file, as DDP does), so a run resumes on any number of ranks."""
     if world == 1 and name == "auto":
         return "auto"
     if name == "fsdp":
-        return "fsdp"
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy(
+            data_parallel_size=world, tensor_parallel_size=1, save_distributed_checkpoint=False
+        )
     from lightning.pytorch.strategies import DDPStrategy
 
     return DDPStrategy(find_unused_parameters=False)
