@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from bench import dist
 from bench.engine.rollout import Generation, branch, generate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -104,10 +105,27 @@ class BehaviourPolicy:
         self.held = ("current", step)
         return self.engine
 
-    def model(self, policy: torch.nn.Module, step: int) -> torch.nn.Module:
+    def prepare(self, policy: torch.nn.Module) -> None:
+        """Make the hf engine's copy now, from the whole module: before FSDP shards the policy (a sharded module is not
+        copied); its weights then come from the shards (``trainable``)."""
+        if not self.is_policy and self.make_engine is None and self.copy is None:
+            self.model(policy, None)
+
+    @staticmethod
+    def trainable(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """Detached copies of the policy's trainable weights, gathered whole when FSDP shards them (every rank calls
+        this at the same points)."""
+        names = {n for n, p in policy.named_parameters() if p.requires_grad}  # a tied weight once, as the copy has it
+        whole = dist.full_state_dict(policy, cpu=False, tied=True)
+        if whole is not None:
+            return {n: w for n, w in whole.items() if n in names}
+        return {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+
+    def model(self, policy: torch.nn.Module, step: int | None) -> torch.nn.Module:
         if self.is_policy:
             return policy
         if self.copy is None:
+            assert not dist.sharded(policy), "the behaviour copy is made before FSDP shards the policy (prepare)"
             self.copy = copy.deepcopy(policy).eval()
             if self.attention != "model":
                 self.copy.set_attn_implementation(self.attention)
@@ -115,8 +133,8 @@ class BehaviourPolicy:
                 p.requires_grad_(False)
                 if p.is_floating_point():
                     p.data = p.data.to(self.dtype)  # the weights only: buffers (RoPE frequencies) keep their dtype
-        if step != self.step:  # once per step, whatever the number of sampling rounds
-            self.history.append({n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad})
+        if step is not None and step != self.step:  # once per step, whatever the number of sampling rounds
+            self.history.append(self.trainable(policy))
             with torch.no_grad():
                 params = dict(self.copy.named_parameters())
                 for n, w in self.history[0].items():  # the oldest kept: the weights of step max(0, step − k)

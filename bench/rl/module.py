@@ -261,8 +261,10 @@ class PolicyModule(L.LightningModule):
 
     def configure_model(self) -> None:
         """trainer.strategy=fsdp (Lightning's ModelParallelStrategy sets ``device_mesh``): shard the policy with FSDP2
-        over the data-parallel ranks. A critic or a reference copy stays whole on every rank."""
+        over the data-parallel ranks. A critic, a reference copy or a behaviour copy stays whole on every rank."""
         if self.device_mesh is not None and not dist.sharded(self.policy):
+            if hasattr(self, "behaviour"):
+                self.behaviour.prepare(self.policy)  # copied whole before it is sharded
             dist.shard(self.policy, self.device_mesh["data_parallel"], sum_gradients=self.sums_gradients)
             held = sum(p.to_local().numel() for p in self.policy.parameters())
             share = dist.sum_floats(held)[0] / dist.world() / sum(p.numel() for p in self.policy.parameters())
@@ -505,11 +507,6 @@ class RLModule(PolicyModule):
                        f"groups of P / {world} prompts).")  # fmt: skip
         if r.prompt_pool == "solvable":
             out.append("rollout.prompt_pool=solvable screens on one process for now: use prompt_pool=all.")
-        if self.cfg.trainer.strategy == "fsdp" and r.engine == "hf" and not self.behaviour.is_policy:
-            out.append("trainer.strategy=fsdp with rollout.engine=hf samples from the policy itself for now: the "
-                       "behaviour copy of rollout.sampler_dtype and rollout.staleness is a copy of the whole module, "
-                       "not made from the shards yet. Use trainer.strategy=ddp, or rollout.engine=vllm (fed the "
-                       "weights gathered from the shards).")  # fmt: skip
         if self.cfg.trainer.strategy == "fsdp" and r.engine == "vllm" and self.cfg.model.lora.enabled:
             out.append("trainer.strategy=fsdp with rollout.engine=vllm and LoRA: the engine takes the adapter merged "
                        "into the base weights, and merging is not done on the shards yet. Use trainer.strategy=ddp, "
@@ -866,9 +863,7 @@ class RLModule(PolicyModule):
                 micros = list(fwd.split(t.micro_batch_size)) if len(fwd) else []
                 # FSDP: every rank runs as many forwards and backwards as the busiest; the extra ones are weighted 0
                 filler = (dist.most(len(micros)) - len(micros)) if sharded else 0
-                if (
-                    len(micros) + filler == 0
-                ):  # nothing carries a gradient: step on zeros, as the full computation would
+                if len(micros) + filler == 0:  # no row carries a gradient: step on zeros, as the full step would
                     for p in params:
                         p.grad = torch.zeros_like(p)
                     step_stats["loss/total"] = 0.0
