@@ -420,6 +420,21 @@ def test_fsdp_sft_warm_start_on_two_processes_equals_ddp(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fsdp_on_one_gpu_equals_the_plain_run(tmp_path):
+    """trainer.strategy=fsdp on one GPU (Lightning's ModelParallelStrategy, FSDP2 over a mesh of one, NCCL): GRPO
+    and PPO (its critic too) end where the plain one-device run ends: the CUDA path of the CPU equality tests, on the
+    machines that have one GPU."""
+    extra = ["trainer.accelerator=gpu"]
+    plain = _torchrun(tmp_path / "plain", ["grpo", "ppo"], *extra)
+    fsdp = _torchrun(tmp_path / "fsdp", ["grpo", "ppo"], *extra, "trainer.strategy=fsdp")
+    for a in ("grpo", "ppo"):
+        diff = _max_diff(_final(plain[a]), _final(fsdp[a]))
+        print(f"cuda fsdp {a}: 1 GPU under FSDP vs plain: max |diff| {diff:.2e}")
+        assert diff < 1e-4, (a, diff)
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 def test_fsdp_on_two_gpus_equals_one_gpu(tmp_path):
     """trainer.strategy=fsdp on CUDA with NCCL: GRPO and PPO, 2 GPUs against 1, and an SFT warm start that finishes."""
