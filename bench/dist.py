@@ -228,6 +228,9 @@ def full_weights(model: torch.nn.Module):
     if not modules or getattr(model, "_bench_full", False):
         yield
         return
+    # which weights train: peft's disable_adapter (the LoRA reference's forward) toggles requires_grad on the gathered
+    # weights, and FSDP carries the flag of that forward back to its shards; restored on exit
+    trains = [(p, p.requires_grad) for p in model.parameters()]
     t0 = time.perf_counter()
     for m in modules:
         m.set_reshard_after_forward(False)
@@ -242,6 +245,8 @@ def full_weights(model: torch.nn.Module):
         for m in modules:
             m.reshard()
             m.set_reshard_after_forward(True)
+        for p, flag in trains:
+            p.requires_grad_(flag)
 
 
 def full_state_dict(model: torch.nn.Module, cpu: bool = True, tied: bool = False) -> dict | None:

@@ -144,7 +144,6 @@ def test_a_statistic_not_reduced_across_ranks_fails_at_start_up_with_why(tmp_pat
         ("grpo", ["rollout.prompts_per_step=3"], "rollout.prompts_per_step=3 must divide"),
         ("clip_cov", [], "trust_region=clip_cov"),
         ("kto", [], "loss=kto"),
-        ("grpo", ["trainer.strategy=fsdp", "rollout.engine=vllm", "model.lora.enabled=true"], "merging is not done"),
     ]:
         cfg = OmegaConf.to_object(compose([f"algorithm={algorithm}", "task=countdown", *SMALL, *extra]))
         policy, tok = load_policy(cfg.model, 0)
@@ -207,40 +206,58 @@ def test_twenty_grpo_steps_on_two_processes_give_one_process_eval_curve(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (make install-vllm)")
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp-lora"])
 def test_one_vllm_engine_per_rank_trains_as_one_process_with_one_engine(tmp_path, strategy):
     """rollout.engine=vllm on 2 processes: each rank starts its own engine (the policy's weights pushed to both every
     step; under FSDP gathered from the shards first) and samples its prompts' groups from their global seeds, so 2
     processes draw what 1 draws: the training reward and tokens generated match step for step and the parameters
     after 3 steps agree to float32 summation order. The tiny model with 1 head of 32 (the engine's CPU attention needs
-    a head size of 32 or more)."""
+    a head size of 32 or more). fsdp-lora: the engine is pushed the gathered base weights plus each adapted layer's
+    peft delta (merging in place would write into weights FSDP does not keep); the sampler/learner mismatch stays at
+    the engines' 1e-6."""
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "coin.py").write_text(COIN)
+    lora = strategy.endswith("-lora")
     extra = [f"include={tmp_path / 'tasks'}", "inject=false", "task=coin", "trainer.max_steps=3",
-             "rollout.engine=vllm", "model.num_heads=1"]  # fmt: skip
+             "rollout.engine=vllm", "model.num_heads=1", *(["model.lora.enabled=true", "optim.lr=3e-2"] if lora
+                                                            else [])]  # fmt: skip
     one = _torchrun(tmp_path / "one", ["grpo"], *extra)["grpo"]
-    two = _torchrun(tmp_path / "two", ["grpo"], *extra, f"trainer.strategy={strategy}", nproc=2)["grpo"]
+    two = _torchrun(tmp_path / "two", ["grpo"], *extra, f"trainer.strategy={strategy.removesuffix('-lora')}",
+                    nproc=2)["grpo"]  # fmt: skip
     for key in ("reward/mean", "rollout/tokens_generated"):
         c1 = _curve(one, tmp_path / "one" / "grpo" / "mlflow.db", key)
         c2 = _curve(two, tmp_path / "two" / "grpo" / "mlflow.db", key)
         print(f"{key}: 1 process {c1}; 2 processes {c2}")
         assert c1 == c2 and len(c1) == 3, (key, c1, c2)
     assert len(_curve(two, tmp_path / "two" / "grpo" / "mlflow.db", "time/weight_sync")) == 3
-    diff, moved = _max_diff(_final(one), _final(two)), _max_diff(_final(one), _initial())
+    assert max(v for _, v in _curve(two, tmp_path / "two" / "grpo" / "mlflow.db", "rollout/mismatch_logp_max")) < 1e-4
+    if lora:  # lora_B starts at 0: its size is what training moved
+        a1, a2 = _adapter(one), _adapter(two)
+        diff, moved = _max_diff(a1, a2), max(float(v.abs().max()) for k, v in a1.items() if "lora_B" in k)
+    else:
+        diff, moved = _max_diff(_final(one), _final(two)), _max_diff(_final(one), _initial())
     print(f"after 3 steps: max |diff| of the parameters {diff:.2e}; training moved them {moved:.2e}")
     assert moved > 1e-4 and diff < 0.01 * moved, (diff, moved)
 
 
+def _adapter(result: dict) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(result["run_dir"]) / "final" / "adapter_model.safetensors"))
+
+
 @pytest.mark.slow
-def test_fsdp_samples_from_a_stale_bfloat16_copy_as_one_process(tmp_path):
+@pytest.mark.parametrize("lora", [False, True])
+def test_fsdp_samples_from_a_stale_bfloat16_copy_as_one_process(tmp_path, lora):
     """rollout.sampler_dtype=bfloat16 and rollout.staleness=1 on the hf engine under FSDP: the behaviour copy is made
     whole before the policy is sharded, and each step it takes the trainable weights gathered from the shards (kept
     one step): 4 GRPO steps on 2 processes sample what 1 process samples (reward and the sampler/learner mismatch
-    equal step for step) and end at its parameters."""
+    equal step for step) and end at its parameters. With LoRA the only forward on the gathered weights is the
+    reference's, with the adapter off, whose requires_grad flags FSDP carried back to the shards (the update then had
+    nothing to train) until bench.dist.full_weights restored them."""
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "coin.py").write_text(COIN)
     extra = [f"include={tmp_path / 'tasks'}", "inject=false", "task=coin", "trainer.max_steps=4", "optim.lr=3e-3",
-             "rollout.sampler_dtype=bfloat16", "rollout.staleness=1"]  # fmt: skip
+             "rollout.sampler_dtype=bfloat16", "rollout.staleness=1",
+             f"model.lora.enabled={str(lora).lower()}"]  # fmt: skip
     one = _torchrun(tmp_path / "one", ["grpo"], *extra)["grpo"]
     two = _torchrun(tmp_path / "two", ["grpo"], *extra, "trainer.strategy=fsdp", nproc=2)["grpo"]
     for key in ("reward/mean", "rollout/mismatch_kl"):
@@ -249,7 +266,11 @@ def test_fsdp_samples_from_a_stale_bfloat16_copy_as_one_process(tmp_path):
         print(f"{key}: 1 process {c1}; 2 processes {c2}")
         assert len(c1) == 4 and max(abs(a[1] - b[1]) for a, b in zip(c1, c2, strict=True)) < 1e-6, (key, c1, c2)
     assert any(v != 0 for _, v in _curve(one, tmp_path / "one" / "grpo" / "mlflow.db", "rollout/mismatch_kl"))
-    diff, moved = _max_diff(_final(one), _final(two)), _max_diff(_final(one), _initial())
+    if lora:  # lora_B starts at 0: its size is what training moved
+        a1, a2 = _adapter(one), _adapter(two)
+        diff, moved = _max_diff(a1, a2), max(float(v.abs().max()) for k, v in a1.items() if "lora_B" in k)
+    else:
+        diff, moved = _max_diff(_final(one), _final(two)), _max_diff(_final(one), _initial())
     print(f"after 4 steps: max |diff| of the parameters {diff:.2e}; training moved them {moved:.2e}")
     assert moved > 1e-4 and diff < 0.01 * moved, (diff, moved)
 

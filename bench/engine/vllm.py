@@ -52,23 +52,46 @@ def require() -> None:
 def merged_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The policy's weights under their HF names, detached copies: under LoRA the adapter merged into the base weights
     (``merge_adapter``, read, ``unmerge_adapter``), its own tensors left out, the peft prefixes stripped. An
-    FSDP-sharded policy's whole weights are gathered from the shards (every rank calls this at the same points)."""
+    FSDP-sharded policy's whole weights are gathered from the shards (every rank calls this at the same points); under
+    LoRA each adapted layer's ``get_delta_weight`` (what ``merge_adapter`` adds) is added to the gathered base weight,
+    since merging in place would write into weights FSDP does not keep."""
     if dist.sharded(policy):
-        assert not hasattr(policy, "merge_adapter"), "LoRA under FSDP is refused at start-up with rollout.engine=vllm"
-        return dist.full_state_dict(policy, cpu=False, tied=True)
+        deltas = _lora_deltas(policy)  # before the state dict is read: the adapters' own (gathered) weights
+        return _hf_names(dist.full_state_dict(policy, cpu=False, tied=True), deltas)
     if not hasattr(policy, "merge_adapter"):
         return {n: t.detach().clone() for n, t in policy.state_dict().items()}
     policy.merge_adapter()
     try:
-        out = {}
-        for name, t in policy.state_dict().items():
-            if "lora_" in name or "original_module" in name:
-                continue
-            name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
-            out[name.replace("modules_to_save.default.", "")] = t.detach().clone()
-        return out
+        return _hf_names({n: t.detach().clone() for n, t in policy.state_dict().items()}, {})
     finally:
         policy.unmerge_adapter()
+
+
+def _lora_deltas(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """{state-dict name of an adapted base weight: the delta its active adapters add} (none without LoRA)."""
+    from peft.tuners.lora import LoraLayer
+
+    out = {}
+    for name, module in policy.named_modules():
+        if isinstance(module, LoraLayer) and not module.merged:
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+            out[f"{name}.base_layer.weight"] = dist.local(delta).detach()
+    return out
+
+
+def _hf_names(weights: dict[str, torch.Tensor], deltas: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A peft model's weights under the base model's names (adapters' own tensors left out, ``deltas`` added); other
+    models' as they are."""
+    if not any(n.startswith("base_model.model.") for n in weights):
+        return weights
+    out = {}
+    for name, t in weights.items():
+        if "lora_" in name or "original_module" in name:
+            continue
+        t = t + deltas[name].to(t) if name in deltas else t
+        name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        out[name.replace("modules_to_save.default.", "")] = t
+    return out
 
 
 def _unscannable(module) -> bool:

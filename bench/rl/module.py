@@ -507,10 +507,6 @@ class RLModule(PolicyModule):
                        f"groups of P / {world} prompts).")  # fmt: skip
         if r.prompt_pool == "solvable":
             out.append("rollout.prompt_pool=solvable screens on one process for now: use prompt_pool=all.")
-        if self.cfg.trainer.strategy == "fsdp" and r.engine == "vllm" and self.cfg.model.lora.enabled:
-            out.append("trainer.strategy=fsdp with rollout.engine=vllm and LoRA: the engine takes the adapter merged "
-                       "into the base weights, and merging is not done on the shards yet. Use trainer.strategy=ddp, "
-                       "or full fine-tuning.")  # fmt: skip
         return out
 
     # ---- the prompts ------------------------------------------------------------------------------------------------
