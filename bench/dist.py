@@ -184,6 +184,13 @@ def most(n: int) -> int:
     return max(gather_objects(int(n)))
 
 
+def lockstep(items: list, spare, sharded: bool) -> list[tuple[object, float]]:
+    """(item, 1.0) for each of this rank's micro-batches; under FSDP (``sharded``) then (``spare``, 0.0) until it has as
+    many as the busiest rank, since every rank must run each forward and backward together."""
+    extra = most(len(items)) - len(items) if sharded else 0
+    return [(x, 1.0) for x in items] + [(spare, 0.0)] * extra
+
+
 # ---- FSDP (trainer.strategy=fsdp) ------------------------------------------------------------------------------------
 def shard(model: torch.nn.Module, mesh, sum_gradients: bool) -> None:
     """FSDP2's ``fully_shard`` on each transformer block (the classes transformers' ``_no_split_modules`` names, as
@@ -231,12 +238,7 @@ def full_weights(model: torch.nn.Module):
     # which weights train: peft's disable_adapter (the LoRA reference's forward) toggles requires_grad on the gathered
     # weights, and FSDP carries the flag of that forward back to its shards; restored on exit
     trains = [(p, p.requires_grad) for p in model.parameters()]
-    t0 = time.perf_counter()
-    for m in modules:
-        m.set_reshard_after_forward(False)
-        m.unshard()
-    global collective_s
-    collective_s += time.perf_counter() - t0
+    _gather_whole(modules)
     model._bench_full = True
     try:
         yield
@@ -247,6 +249,13 @@ def full_weights(model: torch.nn.Module):
             m.set_reshard_after_forward(True)
         for p, flag in trains:
             p.requires_grad_(flag)
+
+
+@timed
+def _gather_whole(modules: list) -> None:
+    for m in modules:
+        m.set_reshard_after_forward(False)
+        m.unshard()
 
 
 def full_state_dict(model: torch.nn.Module, cpu: bool = True, tied: bool = False) -> dict | None:

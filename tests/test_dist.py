@@ -53,6 +53,19 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+def _adapter(result: dict) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(result["run_dir"]) / "final" / "adapter_model.safetensors"))
+
+
+def _diff_and_moved(one: dict, two: dict, lora: bool = False) -> tuple[float, float]:
+    """The largest parameter difference between two runs' final weights, and how far training moved the first's from
+    the start (under LoRA the adapters: lora_B starts at 0, so its size is the move)."""
+    if lora:
+        a1, a2 = _adapter(one), _adapter(two)
+        return _max_diff(a1, a2), max(float(v.abs().max()) for k, v in a1.items() if "lora_B" in k)
+    return _max_diff(_final(one), _final(two)), _max_diff(_final(one), _initial())
+
+
 def _initial() -> dict[str, torch.Tensor]:
     """The helper's model before any step (its seed 0), under the names the final checkpoint uses."""
     cfg = OmegaConf.to_object(compose(["algorithm=grpo", "task=countdown", *SMALL]))
@@ -112,7 +125,7 @@ def test_fsdp_with_lora_on_two_processes_equals_one_process(tmp_path):
     one = _torchrun(tmp_path / "one", ["grpo", "dpo"], "model.lora.enabled=true")
     two = _torchrun(tmp_path / "two", ["grpo", "dpo"], "model.lora.enabled=true", "trainer.strategy=fsdp", nproc=2)
     for a in ("grpo", "dpo"):
-        p1, p2 = (load_file(str(Path(r[a]["run_dir"]) / "final" / "adapter_model.safetensors")) for r in (one, two))
+        p1, p2 = _adapter(one[a]), _adapter(two[a])
         diff = _max_diff(p1, p2)
         print(f"LoRA {a}: 2 processes under FSDP vs 1: max |diff| {diff:.2e}")
         assert sorted(p1) == sorted(p2) and len(p1) > 0 and diff < 1e-5, (a, diff)
@@ -199,7 +212,7 @@ def test_twenty_grpo_steps_on_two_processes_give_one_process_eval_curve(tmp_path
         assert [s for s, _ in c1] == [s for s, _ in c2] and len(c1) >= 5, (c1, c2)
         assert diff == 0.0, (key, diff)
     assert len({v for _, v in _curve(one, tmp_path / "one" / "grpo" / "mlflow.db", "reward/mean")}) > 1  # it moved
-    diff, moved = _max_diff(_final(one), _final(two)), _max_diff(_final(one), _initial())
+    diff, moved = _diff_and_moved(one, two)
     print(f"after 20 steps: max |diff| of the parameters {diff:.2e}; training moved them {moved:.2e}")
     assert diff < 1e-4 and diff < 0.01 * moved, (diff, moved)
 
@@ -231,17 +244,9 @@ def test_one_vllm_engine_per_rank_trains_as_one_process_with_one_engine(tmp_path
         assert c1 == c2 and len(c1) == 3, (key, c1, c2)
     assert len(_curve(two, tmp_path / "two" / "grpo" / "mlflow.db", "time/weight_sync")) == 3
     assert max(v for _, v in _curve(two, tmp_path / "two" / "grpo" / "mlflow.db", "rollout/mismatch_logp_max")) < 1e-4
-    if lora:  # lora_B starts at 0: its size is what training moved
-        a1, a2 = _adapter(one), _adapter(two)
-        diff, moved = _max_diff(a1, a2), max(float(v.abs().max()) for k, v in a1.items() if "lora_B" in k)
-    else:
-        diff, moved = _max_diff(_final(one), _final(two)), _max_diff(_final(one), _initial())
+    diff, moved = _diff_and_moved(one, two, lora)
     print(f"after 3 steps: max |diff| of the parameters {diff:.2e}; training moved them {moved:.2e}")
     assert moved > 1e-4 and diff < 0.01 * moved, (diff, moved)
-
-
-def _adapter(result: dict) -> dict[str, torch.Tensor]:
-    return load_file(str(Path(result["run_dir"]) / "final" / "adapter_model.safetensors"))
 
 
 @pytest.mark.slow
@@ -266,11 +271,7 @@ def test_fsdp_samples_from_a_stale_bfloat16_copy_as_one_process(tmp_path, lora):
         print(f"{key}: 1 process {c1}; 2 processes {c2}")
         assert len(c1) == 4 and max(abs(a[1] - b[1]) for a, b in zip(c1, c2, strict=True)) < 1e-6, (key, c1, c2)
     assert any(v != 0 for _, v in _curve(one, tmp_path / "one" / "grpo" / "mlflow.db", "rollout/mismatch_kl"))
-    if lora:  # lora_B starts at 0: its size is what training moved
-        a1, a2 = _adapter(one), _adapter(two)
-        diff, moved = _max_diff(a1, a2), max(float(v.abs().max()) for k, v in a1.items() if "lora_B" in k)
-    else:
-        diff, moved = _max_diff(_final(one), _final(two)), _max_diff(_final(one), _initial())
+    diff, moved = _diff_and_moved(one, two, lora)
     print(f"after 4 steps: max |diff| of the parameters {diff:.2e}; training moved them {moved:.2e}")
     assert moved > 1e-4 and diff < 0.01 * moved, (diff, moved)
 

@@ -115,11 +115,11 @@ class BehaviourPolicy:
     def trainable(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
         """Detached copies of the policy's trainable weights, gathered whole when FSDP shards them (every rank calls
         this at the same points)."""
-        names = {n for n, p in policy.named_parameters() if p.requires_grad}  # a tied weight once, as the copy has it
         whole = dist.full_state_dict(policy, cpu=False, tied=True)
-        if whole is not None:
-            return {n: w for n, w in whole.items() if n in names}
-        return {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+        if whole is None:
+            return {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+        names = {n for n, p in policy.named_parameters() if p.requires_grad}  # a tied weight once, as the copy has it
+        return {n: w for n, w in whole.items() if n in names}
 
     def model(self, policy: torch.nn.Module, step: int | None) -> torch.nn.Module:
         if self.is_policy:

@@ -382,16 +382,13 @@ class Preference(RLModule):
         # on several ranks: the pairs (within groups) whose rows are this rank's; the loss divides by all ranks' items
         owned = torch.ones(ro.size, dtype=torch.bool) if ro.owned is None else ro.owned.cpu()
         mine = owned[it.w] if paired else owned[it.rows]
-        chunks = list(torch.arange(it.n)[mine].split(per_micro))
-        sharded = dist.sharded(self.policy)  # FSDP: as many forwards and backwards on every rank, the extra weighted 0
-        filler = dist.most(len(chunks)) - len(chunks) if sharded else 0
+        sharded = dist.sharded(self.policy)
         finite = True
-        for j, chunk in enumerate(chunks + [torch.arange(1)] * filler):
+        for chunk, weight in dist.lockstep(list(torch.arange(it.n)[mine].split(per_micro)), torch.arange(1), sharded):
             if paired:
                 loss_vec, stats = self.pair_losses(ro, it.w[chunk], it.l[chunk])
             else:
                 loss_vec, stats = self.labelled_losses(ro, it.rows[chunk], it.desirable[chunk], it.adv[chunk])
-            weight = 1.0 if j < len(chunks) else 0.0
             loss = loss_vec.sum() / it.n
             if weight and not torch.isfinite(loss):
                 finite = False

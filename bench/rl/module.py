@@ -263,8 +263,6 @@ class PolicyModule(L.LightningModule):
         """trainer.strategy=fsdp (Lightning's ModelParallelStrategy sets ``device_mesh``): shard the policy with FSDP2
         over the data-parallel ranks. A critic, a reference copy or a behaviour copy stays whole on every rank."""
         if self.device_mesh is not None and not dist.sharded(self.policy):
-            if hasattr(self, "behaviour"):
-                self.behaviour.prepare(self.policy)  # copied whole before it is sharded
             dist.shard(self.policy, self.device_mesh["data_parallel"], sum_gradients=self.sums_gradients)
             held = sum(p.to_local().numel() for p in self.policy.parameters())
             share = dist.sum_floats(held)[0] / dist.world() / sum(p.numel() for p in self.policy.parameters())
@@ -393,6 +391,11 @@ class RLModule(PolicyModule):
     """Manual optimisation. Subclasses implement ``advantages(rollout)`` and ``loss(rows, logp, norm)``."""
 
     sums_gradients = True  # the losses divide by the global batch's denominators (bench/dist.py)
+
+    def configure_model(self) -> None:
+        if self.device_mesh is not None:
+            self.behaviour.prepare(self.policy)  # the hf engine's behaviour copy, made whole before FSDP shards
+        super().configure_model()
 
     def __init__(self, cfg, policy, tokenizer, task):
         super().__init__(cfg, policy, tokenizer, task)
@@ -856,15 +859,12 @@ class RLModule(PolicyModule):
                 elif t.trim_padding:
                     fwd = fwd[ro.mask[fwd].sum(1).argsort(descending=True, stable=True)]
                 fwd_tokens = max(dist.sum_floats(float(ro.train_mask[fwd].sum()))[0], 1.0)  # all ranks' rows run
-                micros = list(fwd.split(t.micro_batch_size)) if len(fwd) else []
-                # FSDP: every rank runs as many forwards and backwards as the busiest; the extra ones are weighted 0
-                filler = (dist.most(len(micros)) - len(micros)) if sharded else 0
-                if len(micros) + filler == 0:  # no row carries a gradient: step on zeros, as the full step would
+                micros = dist.lockstep(list(fwd.split(t.micro_batch_size)) if len(fwd) else [], mb[:1], sharded)
+                if not micros:  # no row carries a gradient: step on zeros, as the full step would
                     for p in params:
                         p.grad = torch.zeros_like(p)
                     step_stats["loss/total"] = 0.0
-                for j, micro in enumerate(micros + [mb[:1]] * filler):
-                    weight = 1.0 if j < len(micros) else 0.0
+                for micro, weight in micros:
                     rows = ro.rows(micro)
                     deferred = "old_logp" not in rows
                     logp, entropy = completion_logprobs(
@@ -887,7 +887,7 @@ class RLModule(PolicyModule):
                         if not sharded:  # under FSDP the other ranks' backward needs this one's: the step is skipped
                             break
                     self.manual_backward(loss * weight)
-                    if weight == 0.0:
+                    if not weight:
                         continue
                     w = float(rows["mask"].sum()) / fwd_tokens  # token-weighted average over the rows run
                     step_stats["loss/total"] += float(loss.detach())

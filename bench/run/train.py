@@ -429,7 +429,7 @@ def _strategy(name: str, world: int):
     not used by the RL modules (they sum gradients themselves after a step's micro-batches: bench/dist.py), which
     also lets ranks run different numbers of micro-batches. FSDP is Lightning's ModelParallelStrategy (FSDP2: the
     module's ``configure_model`` shards the policy, bench/dist.py), with a data-parallel mesh over every rank; it
-    writes whole checkpoints (one file, as DDP does), so a run resumes on any number of ranks."""
+    writes whole checkpoints (one file, as DDP does), which ``resume=`` shards again."""
     if world == 1 and name == "auto":
         return "auto"
     if name == "fsdp":
