@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from bench import ROOT
 from bench.config import ConfigError
 from bench.run.report import report
-from bench.run.sweep import load_plan, load_spec, run_sweep
+from bench.run.sweep import load_plan, load_spec, run_sweep, variants
 from tests.conftest import SMALL
 
 
@@ -69,6 +69,20 @@ def test_a_setting_axis_of_names_first_fails_at_planning_not_after_the_sweep(tmp
         load_spec(str(p))
     p.write_text(yaml.safe_dump({"axes": axes, "report": {"settings": ["task.horizon"]}}))
     assert load_spec(str(p)).report.settings == ["task.horizon"]
+
+
+def test_categorical_settings_are_sections_and_the_algorithm_as_a_setting_leaves_the_row_label():
+    """conf/sweep/precision.yaml: each precision its own section (DAPO vs GRPO in each), and, with the algorithm as
+    the setting, each algorithm its own section whose rows are the precisions (bf16-mixed vs float32, paired)."""
+    spec, cells = load_plan("precision")
+    assert {c.where for c in cells} == {"countdown trainer.precision=32-true", "countdown trainer.precision=bf16-mixed"}
+    assert set(variants(cells, spec.report.settings).values()) == {"grpo", "dapo"}
+    spec, cells = load_plan(
+        "precision", ["sweep.report.settings=[algorithm]", "sweep.report.baseline=precision=32-true"]
+    )
+    assert {c.where for c in cells} == {"countdown algorithm=grpo", "countdown algorithm=dapo"}
+    assert set(variants(cells, spec.report.settings).values()) == {"precision=32-true", "precision=bf16-mixed"}
+    assert spec.report.baseline == "precision=32-true"
 
 
 def test_plan_crosses_axes_applies_excludes_and_config_keys(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from bench.config import ModelConfig
@@ -188,11 +189,9 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def completion_logits(
-    model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=1.0, trim=False, share_prompt=False
-) -> torch.Tensor:
-    """[B, T', V] temperature-scaled logits (at least fp32) predicting each completion token; T' = T, or with
-    ``trim`` the longest completion (see ``completion_logprobs``)."""
+def _completion_outputs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, trim, share_prompt):
+    """What the model's output head returns at the positions predicting each completion token: [B, T', ·] (the
+    logits, or the hidden states inside ``head_outputs_hidden``); T' = T, or with ``trim`` the longest completion."""
     if trim:
         first = int(prompt_mask.any(0).nonzero().min()) if bool(prompt_mask.any()) else 0
         T_keep = max(int(completion_mask.sum(1).max()), 1)
@@ -202,13 +201,90 @@ def completion_logits(
     mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     T = completion_ids.shape[1]
     if share_prompt:
-        logits = _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, mask)
-    else:
-        keep = {"logits_to_keep": T + 1} if trim else {}
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), **keep).logits
-        logits = logits[:, -T - 1 : -1]  # [B, T, V]: position t predicts completion token t
+        return _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, mask)
+    keep = {"logits_to_keep": T + 1} if trim else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), **keep).logits
+    return out[:, -T - 1 : -1]  # [B, T, ·]: position t predicts completion token t
+
+
+def completion_logits(
+    model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=1.0, trim=False, share_prompt=False
+) -> torch.Tensor:
+    """[B, T', V] temperature-scaled logits (at least fp32) predicting each completion token; T' = T, or with
+    ``trim`` the longest completion (see ``completion_logprobs``)."""
+    logits = _completion_outputs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, trim, share_prompt)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays fp64
     return logits / temperature if temperature > 0 else logits
+
+
+LOGPROB_CHUNK = 1024
+"""Completion tokens per vocabulary projection in ``completion_logprobs``: the [B, T, V] float32 logits exist one
+chunk of [LOGPROB_CHUNK, V] at a time, in the forward and again in the backward (recomputed, not kept)."""
+
+# Configuration fields under which a model's output head is not the whole map from hidden states to logits.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def splits_head(model) -> bool:
+    """Whether the logits are the output head applied to the last hidden states, nothing after it (Llama, Qwen2,
+    Mistral, SmolLM2, ...), so log-probs can be computed from the hidden states a chunk of tokens at a time. A head
+    with hooks (something changes its output) or a config that transforms the logits takes the full computation."""
+    config = getattr(model, "config", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or head._forward_hooks or head._forward_pre_hooks:
+        return False
+    return not any(getattr(config, k, None) not in (None, 1, 1.0) for k in _LOGIT_TRANSFORMS)
+
+
+@contextlib.contextmanager
+def head_outputs_hidden(model):
+    """Inside: the model's output head passes its input through, so ``model(...).logits`` are the hidden states it
+    would have projected (logits_to_keep still applies). Yields the head's own forward."""
+    head = model.get_output_embeddings()
+    own = head.__dict__.get("forward")  # an instance-level forward (e.g. accelerate's hooks) is restored as it was
+    forward = head.forward
+    head.forward = lambda hidden: hidden
+    try:
+        yield forward
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
+
+
+def _chunk_logprobs(head, hidden, targets, temperature: float, entropy_out: list | None):
+    """log π(y) [n] of one chunk of positions, from float32 logits (the head's output upcast before the
+    log-softmax). ``entropy_out``: a list that, when empty, receives the chunk's entropy (no gradient); a checkpoint's
+    recomputation in the backward finds it filled and skips it."""
+    logits = head(hidden)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if temperature > 0:
+        logits = logits / temperature
+    logz = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
+    if entropy_out is not None and not entropy_out:
+        with torch.no_grad():
+            entropy_out.append(logz - (F.softmax(logits, dim=-1) * logits).sum(-1))  # H = log Z - E_p[logit]
+    return logp
+
+
+def token_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                   chunk: int = LOGPROB_CHUNK, with_entropy: bool = False):  # fmt: skip
+    """log π(y_t) [B, T] (and the entropy [B, T], or None) from hidden states [B, T, H] and the output head, ``chunk``
+    positions at a time. Under autograd each chunk is checkpointed: its logits are recomputed in the backward instead
+    of kept, so peak memory holds one chunk's logits, not [B, T, V]; values and gradients are the plain computation's
+    (tests/test_precision.py)."""
+    B, T, H = hidden.shape
+    h, y = hidden.reshape(B * T, H), targets.reshape(B * T)
+    grad = torch.is_grad_enabled() and h.requires_grad
+    logp, entropy = [], []
+    for hc, yc in zip(h.split(chunk), y.split(chunk), strict=True):
+        sink = [] if with_entropy else None
+        args = (head, hc, yc, temperature, sink)
+        logp.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args))
+        entropy += sink or []
+    return torch.cat(logp).view(B, T), (torch.cat(entropy).view(B, T) if with_entropy else None)
 
 
 def completion_logprobs(
@@ -221,29 +297,37 @@ def completion_logprobs(
     with_entropy: bool = False,
     trim: bool = False,
     share_prompt: bool = False,
+    chunk: int | None = LOGPROB_CHUNK,
 ):
     """Per-token log π(y_t | x, y_<t) of the completion, [B, T]; optionally the full-vocabulary entropy [B, T].
 
-    Logits are divided by the sampling temperature, as in the sampler, so ratios compare like with like.
+    Logits are divided by the sampling temperature, as in the sampler, so ratios compare like with like, and are at
+    least float32 (upcast from the head's bfloat16 output under mixed precision) before the log-softmax.
     ``trim``: drop prompt columns that are padding in every row and completion columns past the longest completion,
     and project only completion positions to the vocabulary; the outputs keep shape [B, T] (0 at trimmed columns).
     ``share_prompt``: run each distinct prompt row once (a group's G rows share it) and its completions on top of its
     KV cache, gathered per row; gradients flow through the cache into the prompt's single forward.
+    ``chunk``: project ``chunk`` positions to the vocabulary at a time from the hidden states (``token_logprobs``);
+    None, or a model whose logits are not the head's output alone (``splits_head``), computes the whole [B, T, V].
     """
     T_full = completion_ids.shape[1]
-    logits = completion_logits(
-        model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, trim, share_prompt
-    )
-    T = logits.shape[1]
-    logz = torch.logsumexp(logits, dim=-1)  # [B, T]
-    logp = logits.gather(-1, completion_ids[:, :T].unsqueeze(-1)).squeeze(-1) - logz
+    args = (model, prompt_ids, prompt_mask, completion_ids, completion_mask, trim, share_prompt)
+    if chunk and splits_head(model):
+        with head_outputs_hidden(model) as head:
+            hidden = _completion_outputs(*args)
+        T = hidden.shape[1]
+        logp, entropy = token_logprobs(head, hidden, completion_ids[:, :T], temperature, chunk, with_entropy)
+    else:
+        logits = completion_logits(model, *args[1:5], temperature, trim, share_prompt)
+        T = logits.shape[1]
+        logz = torch.logsumexp(logits, dim=-1)  # [B, T]
+        logp = logits.gather(-1, completion_ids[:, :T].unsqueeze(-1)).squeeze(-1) - logz
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = logz - (F.softmax(logits, dim=-1) * logits).sum(-1)  # H = log Z - E_p[logit]
     logp = F.pad(logp, (0, T_full - T))  # [B, T_full]
-    if not with_entropy:
-        return logp, None
-    with torch.no_grad():
-        p = F.softmax(logits, dim=-1)
-        entropy = logz - (p * logits).sum(-1)  # H = log Z - E_p[logit]
-    return logp, F.pad(entropy, (0, T_full - T))
+    return logp, (F.pad(entropy, (0, T_full - T)) if with_entropy else None)
 
 
 def _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, mask) -> torch.Tensor:

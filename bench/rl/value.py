@@ -122,7 +122,8 @@ class _Critic(nn.Module):
 
     def project(self, hidden: torch.Tensor, T: int) -> torch.Tensor:
         """Hidden states [B, S, H] (prompt + completion) -> V(s_t) [B, T]: the position before completion token t."""
-        return self.head(hidden[:, -T - 1 : -1].float()).squeeze(-1)
+        with torch.autocast(hidden.device.type, enabled=False):  # under bf16-mixed too: float32 values and loss
+            return self.head(hidden[:, -T - 1 : -1].float()).squeeze(-1)
 
     def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
         """V(s_t) for every completion token [B, T] from a forward of the critic's trunk (0 on padding)."""

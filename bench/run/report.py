@@ -41,7 +41,17 @@ from bench import stats as S
 from bench.config import ConfigError, config_hash
 from bench.registry import did_you_mean
 from bench.run.plots import natural_key, plot, plot_differences, plot_fits, plot_rliable, plot_settings
-from bench.run.sweep import NOT_IN_IDENTITY, Cell, ReportSpec, Sweep, SweepSpec, load_plan, setting_name, variants
+from bench.run.sweep import (
+    NOT_IN_IDENTITY,
+    Cell,
+    ReportSpec,
+    Sweep,
+    SweepSpec,
+    load_plan,
+    numeric_axis,
+    setting_name,
+    variants,
+)
 from bench.tracking import git_commit
 
 X_AXES = {"step": None, "samples": "eval/at_samples_seen", "tokens": "eval/at_tokens_generated"}
@@ -898,6 +908,8 @@ def setting_points(groups: list[Group], rows: list[dict], settings: list[str]) -
     With more than one setting axis (staleness x sampler precision), ``panel`` holds the task and the other axes'
     values, so each combination gets its own curves instead of two points at one x under one label."""
     knob, others = settings[0], settings[1:]
+    if not numeric_axis([v for g in groups for r in g.runs[:1] for v in [r.cell.axes.get(knob)] if v is not None]):
+        return []  # a categorical setting (trainer.precision): sections of their own, no curve against it
     by_key = {(r["task"], r["variant"]): r for r in rows}
     out = []
     for g in groups:

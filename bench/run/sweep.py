@@ -184,8 +184,9 @@ def load_spec(name: str, overrides: list[str] = ()) -> SweepSpec:
             raise ConfigError(f"sweep {spec.name}: axis {axis!r} must be a non-empty list of values, got {values!r}")
     if spec.launcher not in LAUNCHERS:
         raise ConfigError(f"sweep {spec.name}: unknown launcher {spec.launcher!r}; available: {', '.join(LAUNCHERS)}")
+    numeric = [k for k in spec.report.settings if numeric_axis(spec.axes.get(k, []))]
     knob = spec.report.settings[0] if spec.report.settings else None
-    if knob is not None and not all(isinstance(v, int | float) for v in spec.axes.get(knob, [])):
+    if numeric and knob not in numeric:  # all-categorical settings (e.g. [trainer.precision]) draw no setting curves
         raise ConfigError(
             f"sweep {spec.name}: report.settings[0] = {knob!r} is the x-axis of the setting curves and must take "
             f"numbers (its values: {spec.axes[knob]}); put a numeric axis first, e.g. settings: [task.horizon] "
@@ -197,6 +198,11 @@ def load_spec(name: str, overrides: list[str] = ()) -> SweepSpec:
 def _arg(key: str, value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value)
     return f"{key}={text}"
+
+
+def numeric_axis(values) -> bool:
+    """Whether an axis takes numbers (a report setting's x-axis must: settings curves plot against it)."""
+    return bool(values) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
 
 
 def setting_name(key: str) -> str:
@@ -270,12 +276,15 @@ def variants(cells: list[Cell], settings: list[str] = ()) -> dict[str, str]:
     def algo(c: Cell) -> str:
         return str(c.axes.get("algorithm", c.cfg.algorithm.name))
 
+    def head(c: Cell) -> list[str]:  # the algorithm as a report setting names the section, not the row
+        return [] if "algorithm" in settings else [algo(c)]
+
     varying = {
         a: [k for k in cells[0].axes if k not in ("task", "seed", "algorithm", *settings)
             and len({str(c.axes[k]) for c in cells if algo(c) == a}) > 1]
         for a in {algo(c) for c in cells}
     }  # fmt: skip
-    return {c.id: " ".join([algo(c), *(f"{k.split('.')[-1]}={c.axes[k]}" for k in varying[algo(c)])]) for c in cells}
+    return {c.id: " ".join([*head(c), *(f"{k.split('.')[-1]}={c.axes[k]}" for k in varying[algo(c)])]) for c in cells}
 
 
 # ---- launchers: run one command to completion, return its exit status -----------------------------------------

@@ -194,7 +194,8 @@ def ensure_sft(cfg: DictConfig) -> Path:
                 "max_steps": cfg.warm_start.max_steps,
                 "num_threads": cfg.trainer.num_threads,
                 "progress_bar": cfg.trainer.progress_bar,
-                **{k: cfg.trainer[k] for k in ("accelerator", "devices", "num_nodes", "strategy")},
+                # the run's precision too (bf16-mixed: a bfloat16 warm start, keyed apart from the float32 one)
+                **{k: cfg.trainer[k] for k in ("accelerator", "devices", "num_nodes", "strategy", "precision")},
             },
             "rollout": {"max_new_tokens": cfg.rollout.max_new_tokens},
         },
