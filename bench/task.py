@@ -202,6 +202,18 @@ class Task(L.LightningDataModule):
     def eval_examples(self) -> list[Example]:
         return self.examples(self.cfg.eval_split)  # type: ignore[arg-type]
 
+    def longest_prompt(self) -> int:
+        """Tokens in the longest rendered prompt of the train and evaluation splits (what an engine's context must
+        hold before the completion's budget)."""
+        add_special = not getattr(self.tokenizer, "chat_template", None)
+        longest = 0
+        for split in dict.fromkeys(("train", self.cfg.eval_split)):
+            prompts = [self.render_prompt(e) for e in self.examples(split)]
+            for start in range(0, len(prompts), 1024):
+                ids = self.tokenizer(prompts[start : start + 1024], add_special_tokens=add_special).input_ids
+                longest = max(longest, *map(len, ids))
+        return longest
+
     def demonstrations(self) -> list[Example]:
         demos = [e for e in self.examples("train") if e.demonstration is not None]
         if not demos:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import resource
@@ -42,6 +43,12 @@ CONFIGS = {
     # the same with room to finish a GSM8K answer, so groups have reward variance and every row is trained
     # (not run by default: about 15 min; `--configs smollm2-128 --no-levers --out results/perf/smollm2-128`)
     "smollm2-128": dict(model="smollm2-135m", task="gsm8k", P=2, G=4, T=128, lr=1e-6, micro=8, warmup=1, steps=2),
+    # work a training run really does (issue 39): SmolLM2 on XSum summarisation, whose graded reward (ROUGE) makes
+    # every group's rewards differ, so every row is trained whatever the skip; P x G = 8 x 8, 64 new tokens
+    # (`--configs smollm2-sum --systems ... --no-levers`, BENCH_THREADS=2: each system with both cores)
+    "smollm2-sum": dict(
+        model="smollm2-135m", task="summarization", P=8, G=8, T=64, lr=1e-6, micro=16, warmup=1, steps=2
+    ),
 }
 DEFAULT_CONFIGS = ["tiny", "smollm2"]
 LEVERS = {
@@ -57,7 +64,8 @@ SWITCHES = {**LEVERS, **OPT_IN}
 # Settings that change the samples (not speed switches): sampling from bfloat16 weights, with a correction for the
 # training-inference mismatch it brings (the learner stays float32 and recomputes log pi_old).
 SETTINGS = {"sampler_dtype": "rollout.sampler_dtype", "sampler_attention": "rollout.sampler_attention",
-            "is_correction": "algorithm.is_correction", "engine": "rollout.engine"}  # fmt: skip
+            "is_correction": "algorithm.is_correction", "engine": "rollout.engine",
+            "precision": "trainer.precision"}  # fmt: skip
 # rollout.sampler_attention=eager is not in these rows: it samples 1.29-1.47x faster than SDPA from bfloat16 weights
 # on unpadded prompts, not on padded ones such as smollm2-128's GSM8K prompts (results/perf/sampler_attention.md)
 BF16_TIS = {"sampler_dtype": "bfloat16", "is_correction": "tis"}
@@ -70,7 +78,17 @@ SYSTEMS = {
     # rollouts from a vLLM engine in the process (rollout.engine=vllm), weights pushed every step, float32 and bf16
     "creditbench, vLLM engine": {"engine": "vllm"},
     "creditbench, vLLM engine, bf16 + TIS": {"engine": "vllm", **BF16_TIS},
+    # trainer.precision=bf16-mixed (bfloat16 autocast over float32 master weights; log-probs from float32 logits),
+    # sampling from a bfloat16 copy of the weights refreshed every step: the fastest sound setting (README)
+    "creditbench, bf16-mixed": {"precision": "bf16-mixed", "sampler_dtype": "bfloat16"},
+    "creditbench, bf16-mixed, no zero-adv skip": {
+        "precision": "bf16-mixed",
+        "sampler_dtype": "bfloat16",
+        "skip_zero_adv": False,
+    },  # fmt: skip
+    "creditbench, vLLM engine, bf16-mixed": {"engine": "vllm", "precision": "bf16-mixed", "sampler_dtype": "bfloat16"},
     "trl": None,
+    "trl, bf16": "bf16",  # TRL's own switch (GRPOConfig.bf16=True: accelerate's bfloat16 autocast)
     "trl, vLLM colocate": "vllm",  # TRL's own vLLM mode (use_vllm=True, vllm_mode="colocate"), where it runs
 }
 NEEDS_VLLM = {k for k, v in SYSTEMS.items() if v == "vllm" or (isinstance(v, dict) and v.get("engine") == "vllm")}
@@ -215,7 +233,7 @@ def run_creditbench(c: dict, folder: Path, levers: dict[str, bool], schedule: li
     return {"steps": out, "params": _matmul_params(policy), "prompt_len": _prompt_len(task, tok, batches)}
 
 
-def run_trl(c: dict, folder: Path, vllm: bool = False) -> dict:
+def run_trl(c: dict, folder: Path, vllm: bool = False, bf16: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -266,7 +284,7 @@ def run_trl(c: dict, folder: Path, vllm: bool = False) -> dict:
         save_strategy="no",
         report_to="none",
         use_cpu=True,
-        bf16=False,
+        bf16=bf16,
         seed=0,
         disable_tqdm=True,
         dataloader_num_workers=0,
@@ -420,7 +438,7 @@ def child(ns) -> None:
     spec = json.loads(ns.child)
     c, folder = spec["config"], Path(spec["folder"])
     if spec["system"].startswith("trl"):
-        out = run_trl(c, folder, vllm=spec["system"] == "trl-vllm")
+        out = run_trl(c, folder, vllm=spec["system"] == "trl-vllm", bf16=spec["system"] == "trl-bf16")
     else:
         out = run_creditbench(c, folder, spec["levers"], spec.get("schedule"))
     out["steps"] = out["steps"][c["warmup"] :]
@@ -443,12 +461,13 @@ def spawn(system: str, c: dict, folder: Path, levers: dict | None = None, schedu
 
 
 # ---- the parent: alternate, aggregate, write the table ---------------------------------------------------------
-def matmul_peak(n: int = 2048, reps: int = 5) -> float:
-    """Best float32 torch.matmul FLOP/s over a few repetitions, with the benchmark's thread count."""
+def matmul_peak(n: int = 2048, reps: int = 5, dtype: str = "float32") -> float:
+    """Best torch.matmul FLOP/s in ``dtype`` over a few repetitions, with the benchmark's thread count (bfloat16: the
+    compute floor of a mixed-precision update; AMX on this CPU)."""
     import torch
 
     torch.set_num_threads(THREADS)
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(n, n, dtype=getattr(torch, dtype)), torch.randn(n, n, dtype=getattr(torch, dtype))
     torch.matmul(a, b)
     best = 0.0
     for _ in range(reps):
@@ -473,6 +492,8 @@ def summarise(results: list[dict], B: int) -> dict:
         "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
         "flops_per_step": flops,
         "flops_per_s": flops / med["step"],
+        # the update's own work: one forward and one backward per trained sequence token, 6·N per token
+        "update_flops_per_s": 6 * n * (B * tp + tokens) / med["update"],
         "n_steps": len(steps),
         "losses": [s.get("loss") for s in steps],
         "zero_var_frac": statistics.median(s.get("zero_var_frac", float("nan")) for s in steps),
@@ -528,9 +549,9 @@ def main() -> None:
     if ns.child:
         return child(ns)
 
-    peak, bw = matmul_peak(), memory_bandwidth()
-    print(f"machine: {machine()}\nmatmul peak (float32, {THREADS} threads): {peak / 1e9:.1f} GFLOP/s; "
-          f"read bandwidth {bw / 1e9:.1f} GB/s", flush=True)  # fmt: skip
+    peak, peak16, bw = matmul_peak(), matmul_peak(dtype="bfloat16"), memory_bandwidth()
+    print(f"machine: {machine()}\nmatmul peak ({THREADS} threads): float32 {peak / 1e9:.1f} GFLOP/s, bfloat16 "
+          f"{peak16 / 1e9:.1f} GFLOP/s; read bandwidth {bw / 1e9:.1f} GB/s", flush=True)  # fmt: skip
     override = {k: v for k, v in (("steps", ns.steps), ("warmup", ns.warmup)) if v is not None}
     rows, lever_rows, checks, raw, failures = [], [], {}, {}, {}
     from bench.engine import vllm as V
@@ -547,8 +568,8 @@ def main() -> None:
             for system in systems if rep % 2 == 0 else systems[::-1]:
                 t0 = time.perf_counter()
                 switches = SYSTEMS[system]
-                kind = {None: "trl", "vllm": "trl-vllm"}.get(switches, "creditbench") if not isinstance(
-                    switches, dict) else "creditbench"  # fmt: skip
+                peer = {None: "trl", "vllm": "trl-vllm", "bf16": "trl-bf16"}
+                kind = "creditbench" if isinstance(switches, dict) else peer[switches]
                 try:
                     r = spawn(kind, c, folder, switches if isinstance(switches, dict) else None)
                 except RuntimeError as e:  # TRL's vLLM mode on this CPU: recorded, not fatal
@@ -569,18 +590,21 @@ def main() -> None:
         s = {k: summarise(v, c["P"] * c["G"]) for k, v in res.items()}
         raw[name] = {"config": c, "folder": str(folder), **res}
         rows.append((name, c, s))
-        checks[name] = res["trl"][0]["loss_check"]
-        print(table([(name, c, s)], peak, bw), flush=True)
+        if "trl" in res:
+            checks[name] = res["trl"][0]["loss_check"]
+        print(table([(name, c, s)], peak, bw, peak16), flush=True)
     if not ns.no_levers and "tiny" in ns.configs:
         lever_rows = levers({**CONFIGS["tiny"], **override}, ns.lever_reps, ns.lever_rounds)
         raw["levers"] = lever_rows
         print(lever_table(lever_rows), flush=True)
     peak = max(peak, matmul_peak())  # the machine is shared: the best of before and after
+    peak16 = max(peak16, matmul_peak(dtype="bfloat16"))
     bw = max(bw, memory_bandwidth())
     raw["matmul_peak_flops"], raw["read_bandwidth_bytes_per_s"] = peak, bw
+    raw["matmul_peak_bf16_flops"] = peak16
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = report(rows, lever_rows, peak, checks, bw, failures, have_vllm)
+    text = report(rows, lever_rows, peak, checks, bw, failures, have_vllm, peak16)
     (out / "bench.md").write_text(text)
     (out / "bench.json").write_text(json.dumps(raw, indent=1, default=str))
     print("\n" + text + f"\nwrote {out / 'bench.md'} and {out / 'bench.json'}")
@@ -612,12 +636,27 @@ def levers(c: dict, reps: int, rounds: int) -> list[tuple[str, dict]]:
     return [(label, summarise(res[label], c["P"] * c["G"])) for label, _ in variants]
 
 
-def table(rows, peak: float, bw: float) -> str:
+INERT = 0.5
+"""The largest share of zero-variance groups (every advantage 0) at which a speed-up is reported: above it a step
+trains almost nothing, and a system that skips those rows is faster for doing no work."""
+
+
+def speedup(s: dict, system: str, trl: str) -> str:
+    """This row's speed-up over TRL at the same precision, or why there is none."""
+    inert = s["creditbench"]["zero_var_frac"]
+    if inert > INERT:
+        return f"not reported: {100 * inert:.0f}% of groups inert"
+    return f"{s[trl]['step'] / s[system]['step']:.2f}x" if trl in s else "–"
+
+
+def table(rows, peak: float, bw: float, peak16: float = math.nan) -> str:
     head = (
         "| config | system | step (s) | generation (s) | scoring (s) | update (s) | completion tok/step "
-        "| completion tok/s | peak RSS (MiB) | nominal GFLOP/s (% of matmul peak) | decode MB read / token "
-        "| generation at the bandwidth floor (s) (% of measured) | weight sync (s) | speed-up vs TRL |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| completion tok/s | peak RSS (MiB) | nominal GFLOP/s (% of float32 matmul peak) "
+        "| update's nominal GFLOP/s (% of bfloat16 matmul peak) | decode MB read / token "
+        "| generation at the bandwidth floor (s) (% of measured) | weight sync (s) "
+        "| speed-up vs TRL (same precision) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for name, _, s in rows:
@@ -625,14 +664,16 @@ def table(rows, peak: float, bw: float) -> str:
             if system not in s:
                 continue
             x = s[system]
+            trl = "trl, bf16" if "bf16" in system else "trl"
             floor = x["decode_bytes"] / bw
             lines.append(
                 f"| {name} | {system} | {x['step']:.2f} | {x['generation']:.2f} | {x['scoring']:.3f} "
                 f"| {x['update']:.2f} | {x['tokens_per_step']:.0f} | {x['tokens_per_s']:.0f} | {x['peak_rss_mib']:.0f} "
                 f"| {x['flops_per_s'] / 1e9:.1f} ({100 * x['flops_per_s'] / peak:.0f}%) "
+                f"| {x['update_flops_per_s'] / 1e9:.1f} ({100 * x['update_flops_per_s'] / peak16:.0f}%) "
                 f"| {x['decode_bytes'] / x['tokens_per_step'] / 1e6:.1f} "
                 f"| {floor:.2f} ({100 * floor / x['generation']:.0f}%) | {x['weight_sync']:.2f} "
-                f"| {s['trl']['step'] / x['step']:.2f}x |"
+                f"| {speedup(s, system, trl)} |"
             )
     return head + "\n".join(lines)
 
@@ -653,7 +694,8 @@ def lever_table(rows) -> str:
 SYNTHETIC = " (TRL's advantages were all 0, which would make the check vacuous: N(0,1) advantages instead)"
 
 
-def report(rows, lever_rows, peak: float, checks: dict, bw: float, failures: dict, have_vllm: bool) -> str:
+def report(rows, lever_rows, peak: float, checks: dict, bw: float, failures: dict, have_vllm: bool,
+           peak16: float = math.nan) -> str:  # fmt: skip
     cfg_lines = "\n".join(
         f"- **{name}**: model `{c['model']}`, task `{c['task']}`, P = {c['P']} prompts x G = {c['G']} completions, "
         f"{c['T']} max new tokens, temperature 1.0, lr {c['lr']}, beta 0, 1 optimizer step per rollout, "
@@ -673,7 +715,8 @@ def report(rows, lever_rows, peak: float, checks: dict, bw: float, failures: dic
         "# creditbench GRPO vs TRL GRPOTrainer, side by side",
         "",
         f"Machine: {machine()}. Matmul peak (float32 torch.matmul 2048², {THREADS} thread(s), best of the runs "
-        f"before and after): {peak / 1e9:.1f} GFLOP/s. Read bandwidth (torch.sum over 1 GiB of float32, "
+        f"before and after): {peak / 1e9:.1f} GFLOP/s; bfloat16: {peak16 / 1e9:.1f} GFLOP/s. Read bandwidth "
+        "(torch.sum over 1 GiB of float32, "
         f"{THREADS} thread(s), best of before and after): {bw / 1e9:.1f} GB/s. No GPU was lent to this task: CPU only.",
         f"Generated by `make bench` (`python scripts/bench.py`) on {stamp}.",
         "",
@@ -698,7 +741,7 @@ def report(rows, lever_rows, peak: float, checks: dict, bw: float, failures: dic
         "measured read bandwidth, the least time decoding can take on this machine, and its share of the measured "
         "generation time says how close to that limit the sampler runs (prefill and sampling arithmetic are extra).",
         "",
-        table(rows, peak, bw),
+        table(rows, peak, bw, peak16),
         "",
         "Same loss on the same rollouts: on TRL's first micro-batch, creditbench's GRPO loss (algorithms/grpo.py, "
         "beta 0) with TRL's rows and advantages, against TRL's own loss and gradients:",

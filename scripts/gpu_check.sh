@@ -11,5 +11,5 @@ PY="${PY:-.venv/bin/python}"
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
   $PY -c "import torch, vllm, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'vllm', vllm.__version__, 'transformers', transformers.__version__)"
-  PYTHONUNBUFFERED=1 $PY -m pytest -q -s -m gpu tests/test_gpu.py tests/test_dist.py -p no:cacheprovider 2>&1 | grep -v " INFO \| WARNING "
+  PYTHONUNBUFFERED=1 $PY -m pytest -q -s -m gpu tests/test_gpu.py tests/test_dist.py tests/test_precision.py -p no:cacheprovider 2>&1 | grep -v " INFO \| WARNING "
 } 2>&1 | tee "$out/gpu_check.txt"

@@ -56,13 +56,13 @@ def one_step(store, monkeypatch):
 
     hooks = [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
 
-    def run(algorithm: str, precision: str) -> dict:
+    def run(algorithm: str, precision: str, accelerator: str = "cpu") -> dict:
         seen.clear()
         args = [f"algorithm={algorithm}", "task=countdown", "model.hidden_size=64", "model.num_layers=2",
                 "model.num_heads=2", "model.intermediate_size=128", "rollout.prompts_per_step=4",
                 "rollout.group_size=4", "rollout.max_new_tokens=12", "rollout.logp_from_sampler=false",
                 "task.num_eval=4", "eval.batch_size=4", "trainer.max_steps=1", "trainer.eval_every=100",
-                "trainer.progress_bar=false", "trainer.accelerator=cpu", f"trainer.precision={precision}",
+                "trainer.progress_bar=false", f"trainer.accelerator={accelerator}", f"trainer.precision={precision}",
                 "optim.lr=1e-3", "train.micro_batch_size=4", *STEP[algorithm], *store["args"]]  # fmt: skip
         result = train(compose(args))
         history = MlflowClient(store["uri"]).get_metric_history(result.run_id, LOSS[algorithm])
@@ -73,15 +73,22 @@ def one_step(store, monkeypatch):
         h.remove()
 
 
+ON_CUDA = pytest.param(
+    "gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")]
+)
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", ON_CUDA])
 @pytest.mark.parametrize("algorithm", sorted(STEP))
-def test_a_bf16_mixed_step_matches_the_float32_step(one_step, algorithm, store):
-    fp32, bf16 = one_step(algorithm, "32-true"), one_step(algorithm, "bf16-mixed")
+def test_a_bf16_mixed_step_matches_the_float32_step(one_step, algorithm, accelerator, store):
+    """make gpu-check runs the CUDA cases (bfloat16 autocast on the GPU, the same bounds)."""
+    fp32, bf16 = one_step(algorithm, "32-true", accelerator), one_step(algorithm, "bf16-mixed", accelerator)
     assert fp32["dtypes"] == bf16["dtypes"] == {torch.float32}  # master weights and what AdamW steps stay float32
     assert [g.shape for g in fp32["grad"]] == [g.shape for g in bf16["grad"]]
     grad_cos, change_cos = _cos(fp32["grad"], bf16["grad"]), _cos(fp32["change"], bf16["change"])
     scale = max(abs(fp32["loss"]), 1.0)
-    print(f"{algorithm}: gradient cosine {grad_cos:.5f}, parameter-change cosine {change_cos:.5f}, loss "
-          f"{fp32['loss']:.6f} (fp32) {bf16['loss']:.6f} (bf16-mixed)")  # fmt: skip
+    print(f"{algorithm} ({accelerator}): gradient cosine {grad_cos:.5f}, parameter-change cosine {change_cos:.5f}, "
+          f"loss {fp32['loss']:.6f} (fp32) {bf16['loss']:.6f} (bf16-mixed)")  # fmt: skip
     assert grad_cos >= 0.99, grad_cos
     assert any(not torch.equal(a, b) for a, b in zip(fp32["grad"], bf16["grad"], strict=True))  # bf16 did run
     # Adam's first step is lr x sign(g) almost everywhere: a sign flip on small entries moves this cosine most
@@ -113,20 +120,23 @@ def _batch(vocab: int, B=6, Tp=7, T=11, seed=1):
 
 def _logprobs_and_grads(model, batch, chunk, precision=torch.float32, **switches):
     model.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == torch.bfloat16):
+    device = next(model.parameters()).device
+    batch = [t.to(device) for t in batch]
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == torch.bfloat16):
         logp, ent = completion_logprobs(model, *batch, 0.7, with_entropy=True, chunk=chunk, **switches)
     weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)  # an arbitrary upstream gradient, as a loss gives
     (logp * weights * batch[3]).sum().backward()
     return logp.detach(), ent, {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA.marks)])
 @pytest.mark.parametrize("switches", [{}, {"trim": True}, {"share_prompt": True}], ids=["plain", "trim", "shared"])
 @pytest.mark.parametrize("chunk", [5, 64, LOGPROB_CHUNK])
-def test_chunked_logprobs_equal_the_full_vocabulary_computation(chunk, switches):
+def test_chunked_logprobs_equal_the_full_vocabulary_computation(chunk, switches, device):
     """Chunks smaller than a row, across rows and the whole batch: the log-probs, the entropy and every parameter's
     gradient equal the [B, T, V] computation's, in float32 to 1e-6 (summation order), in bfloat16 autocast to its
     precision (both from float32 logits)."""
-    model, batch = _llama(), _batch(3000)
+    model, batch = _llama().to(device), _batch(3000)
     lp0, ent0, g0 = _logprobs_and_grads(model, batch, None, **switches)
     lp1, ent1, g1 = _logprobs_and_grads(model, batch, chunk, **switches)
     torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-6)

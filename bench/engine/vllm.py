@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
 import sys
 import time
@@ -122,6 +123,20 @@ def _scannable_modules():
         yield
     finally:
         sys.modules.update(hidden)
+
+
+class _ExpectedWarmupFailure(logging.Filter):
+    """vLLM's renderer warms up its chat template at start-up; without a tokenizer (``skip_tokenizer_init``: this
+    engine takes and returns token ids) that fails, and vLLM logs the failure as a warning with a traceback, which a
+    newcomer reads as the engine failing. Only that expected case is dropped: any other warm-up failure still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        expected = isinstance(error, ValueError) and "skip_tokenizer_init" in str(error)
+        return not (expected and str(record.msg).startswith("Chat template warmup failed"))
+
+
+logging.getLogger("vllm.renderers.base").addFilter(_ExpectedWarmupFailure())
 
 
 class VLLMEngine:

@@ -605,14 +605,31 @@ class RLModule(PolicyModule):
 
         from bench.engine.vllm import VLLMEngine
 
-        r, m = self.cfg.rollout, self.cfg.model
+        r = self.cfg.rollout
         where = self.checkpoint_path.parent.parent if self.checkpoint_path else Path(tempfile.mkdtemp(prefix="engine-"))
-        engine = VLLMEngine(policy, where / "engine", dtype=r.sampler_dtype, max_model_len=min(
-            m.max_position_embeddings, ENGINE_MAX_LEN), seed=self.cfg.seed, gpu_memory=r.engine_gpu_memory,
-            cpu_kv_gb=r.engine_cpu_kv_gb)  # fmt: skip
+        engine = VLLMEngine(policy, where / "engine", dtype=r.sampler_dtype, max_model_len=self.engine_context(policy),
+                            seed=self.cfg.seed, gpu_memory=r.engine_gpu_memory, cpu_kv_gb=r.engine_cpu_kv_gb)  # fmt: skip
         for logger in self.loggers:
             logger.log_hyperparams({"engine/start_s": round(engine.start_s, 1), **engine.memory()})
         return engine
+
+    def engine_context(self, policy) -> int:
+        """The engine's context: the task's longest prompt plus the largest token budget (rollout, evaluation), within
+        the loaded model's own ``max_position_embeddings``; a start-up error naming the numbers when it cannot fit."""
+        from bench.config import ConfigError
+
+        base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+        limit = int(getattr(base.config, "max_position_embeddings", None) or ENGINE_MAX_LEN)
+        budget = max(self.cfg.rollout.max_new_tokens, self.cfg.eval.max_new_tokens or 0)
+        prompt = self.task.longest_prompt()
+        if prompt + budget > limit:
+            raise ConfigError(
+                f"rollout.engine=vllm: the task's longest prompt ({prompt} tokens) plus the token budget ({budget}: "
+                f"rollout.max_new_tokens / eval.max_new_tokens) is {prompt + budget} tokens, more than the model's "
+                f"context ({limit}, its max_position_embeddings). Lower the budget, shorten the prompts (the task's "
+                "options), or use a model with a longer context."
+            )
+        return prompt + budget
 
     def sample(self, batch: dict, group_size: int, temperature: float, seeds: list[int], model=None):
         """G completions per prompt from the behaviour policy (the policy itself unless rollout.sampler_dtype,
