@@ -197,6 +197,16 @@ class TrainConfig:
     """Supervised (SFT) examples per optimizer step."""
 
 
+PRECISIONS = ("32-true", "bf16-mixed")
+PRECISIONS_REFUSED = {
+    "bf16-true": "weights and optimizer state in bfloat16 lose updates at RL learning rates (an update smaller than "
+    "1/256 of a weight rounds away); bf16-mixed computes in bfloat16 over float32 master weights",
+    "16-mixed": "float16 needs a loss scaler, which the RL update's own gradient clipping does not unscale for",
+    "16-true": "float16 weights lose updates and overflow without a loss scaler",
+    "64-true": "not tested here; for float64 arithmetic set model.dtype=float64 with 32-true",
+}
+
+
 @dataclass
 class TrainerConfig:
     max_steps: int = 50
@@ -212,6 +222,9 @@ class TrainerConfig:
     strategy: str = "auto"
     """auto (ddp when devices x num_nodes > 1) | ddp | fsdp: Lightning's strategy."""
     precision: str = "32-true"
+    """32-true | bf16-mixed: Lightning's precision. bf16-mixed: bfloat16 autocast (matmuls and attention in bfloat16)
+    over float32 master weights and optimizer state; log-probs, entropies, ratios, KL and the value head from float32
+    (README, "Precision")."""
     num_threads: int | None = None
     """torch threads (None: torch's default)."""
     progress_bar: bool = True
@@ -221,6 +234,9 @@ class TrainerConfig:
             raise ValueError(f"trainer.devices and trainer.num_nodes must be >= 1: {self.devices}, {self.num_nodes}")
         if self.strategy not in ("auto", "ddp", "fsdp"):
             raise ValueError(f"trainer.strategy={self.strategy!r}: choose auto, ddp or fsdp")
+        if self.precision not in PRECISIONS:
+            why = PRECISIONS_REFUSED.get(self.precision, "not a precision this harness runs")
+            raise ValueError(f"trainer.precision={self.precision!r}: {why}. Choose {' or '.join(PRECISIONS)}")
 
 
 @dataclass
@@ -304,6 +320,15 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+    def __post_init__(self) -> None:
+        if self.trainer.precision.endswith("-mixed") and self.model.dtype != "float32":
+            raise ValueError(
+                f"model.dtype={self.model.dtype} with trainer.precision={self.trainer.precision}: the weights and "
+                "AdamW's state would be held in that dtype, so there are no float32 master weights and updates at RL "
+                "learning rates round away. Leave model.dtype=float32 (mixed precision computes in bfloat16 anyway); "
+                "to sample from bfloat16 weights set rollout.sampler_dtype=bfloat16"
+            )
 
 
 def _keys(node: Any, prefix: str = "") -> list[str]:

@@ -184,3 +184,28 @@ def test_the_warm_start_trains_in_the_runs_precision_and_is_keyed_by_it(small, s
     assert wfp.data.params["trainer.precision"] == "32-true"
     assert wbf.info.run_id != wfp.info.run_id  # two cache entries
     assert wpin.info.run_id == wfp.info.run_id  # reused, not retrained
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["trainer.precision=bf16-true"],
+            r"'bf16-true': weights and optimizer state in bfloat16 lose updates.*"
+            r"Choose 32-true or bf16-mixed",
+        ),
+        (["trainer.precision=16-mixed"], r"float16 needs a loss scaler"),
+        (["trainer.precision=bf16"], r"'bf16': not a precision this harness runs. Choose 32-true or bf16-mixed"),
+        (["model.dtype=bfloat16", "trainer.precision=bf16-mixed"], r"no float32 master weights.*model.dtype=float32"),
+    ],
+)
+def test_a_precision_that_would_lose_updates_fails_at_start_up_with_why(args, message):
+    """conf/sweep/gpu.yaml asked for model.dtype=bfloat16 with bf16-mixed: parameters and AdamW's state in bfloat16,
+    no master weights, and at lr 1e-6 almost every update rounded away."""
+    from bench.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        compose(["algorithm=grpo", "task=countdown", *args])
+    from bench.run.sweep import load_plan
+
+    assert all(c.cfg.model.dtype == "float32" for c in load_plan("gpu")[1])

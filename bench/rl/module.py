@@ -607,8 +607,9 @@ class RLModule(PolicyModule):
 
         r = self.cfg.rollout
         where = self.checkpoint_path.parent.parent if self.checkpoint_path else Path(tempfile.mkdtemp(prefix="engine-"))
-        engine = VLLMEngine(policy, where / "engine", dtype=r.sampler_dtype, max_model_len=self.engine_context(policy),
-                            seed=self.cfg.seed, gpu_memory=r.engine_gpu_memory, cpu_kv_gb=r.engine_cpu_kv_gb)  # fmt: skip
+        context = self.engine_context(policy)
+        engine = VLLMEngine(policy, where / "engine", dtype=r.sampler_dtype, max_model_len=context, seed=self.cfg.seed,
+                            gpu_memory=r.engine_gpu_memory, cpu_kv_gb=r.engine_cpu_kv_gb)  # fmt: skip
         for logger in self.loggers:
             logger.log_hyperparams({"engine/start_s": round(engine.start_s, 1), **engine.memory()})
         return engine
