@@ -5,8 +5,8 @@ Each variant runs in its own process (peak RSS is the process's own high-water m
 same process's RSS after loading the model and building the batch, so the table's "added" column is what the
 forward + backward of the micro-batch held at its peak.
 
-    python scripts/logprob_memory.py                 # B = 16 rows of 192 prompt + 64 completion tokens
-    python scripts/logprob_memory.py --rows 8 --completion 128
+    python scripts/logprob_memory.py                 # B = 8 rows of 192 prompt + 512 completion tokens
+    python scripts/logprob_memory.py --rows 16 --completion 64 --out results/perf/logprob_memory_64.md
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ def child(chunk: int | None, precision: str, rows: int, prompt: int, completion:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--prompt", type=int, default=192)
-    ap.add_argument("--completion", type=int, default=64)
+    ap.add_argument("--completion", type=int, default=512)
     ap.add_argument("--out", default=str(ROOT / "results" / "perf" / "logprob_memory.md"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ns = ap.parse_args()

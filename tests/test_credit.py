@@ -24,7 +24,13 @@ from bench.config import compose
 from bench.engine.policy import char_tokenizer, load_policy
 from bench.engine.rollout import Rollout
 from bench.registry import ALGORITHMS, TASKS
-from bench.rl.credit import common_prefix_lengths, group_token_zscore, prefix_values, span_token_mask
+from bench.rl.credit import (
+    common_prefix_lengths,
+    group_token_zscore,
+    prefix_values,
+    span_token_mask,
+    token_char_offsets,
+)
 from bench.rl.losses import Norm, clipped_surrogate
 from bench.rl.objective import PolicyGradientConfig, advantages, policy_loss
 from bench.run.train import train
@@ -476,3 +482,36 @@ def test_correct_threshold_decides_o_plus():
     scores, task = t64([0.2, 0.6, 1.0]), torch.tensor([False, False, True])
     assert correct_set(scores, task, None).tolist() == [False, False, True]
     assert correct_set(scores, task, 0.5).tolist() == [False, True, True]
+
+
+def _byte_tokenizer():
+    """One token per byte (byte-level BPE with no merges): multi-byte characters span several tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab["<eos>"] = len(vocab)
+    raw = Tokenizer(models.BPE(vocab, [], unk_token=None))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>"), vocab["<eos>"]
+
+
+def test_token_char_offsets_stream_multibyte_and_invalid_byte_runs(monkeypatch):
+    """Hand-computed on 'aé b€' (é: 2 bytes, €: 3): a multi-byte character belongs to the token that completes it;
+    an invalid run (é's lead byte, then €'s 2nd byte) decodes to two replacement characters on the token at which the
+    decoder gives up (the space after it); an incomplete run at the end goes to the last token; EOS is empty. The
+    ranges tile decode(ids); one decode of the whole row, not one per prefix (O(L), not O(L²))."""
+    tok, eos = _byte_tokenizer()
+    ids = tok("aé b€", add_special_tokens=False).input_ids
+    assert len(ids) == 8
+    assert token_char_offsets(tok, ids) == [(0, 1), (1, 1), (1, 2), (2, 3), (3, 4), (4, 4), (4, 4), (4, 5)]
+    bad = [ids[0], ids[1], ids[5], *ids[3:]]  # 'a', 0xC3, 0x82 (invalid after 0xC3), ' ', 'b', '€'
+    assert tok.decode(bad) == "a\ufffd\ufffd b€"
+    assert token_char_offsets(tok, bad) == [(0, 1), (1, 1), (1, 1), (1, 4), (4, 5), (5, 5), (5, 5), (5, 6)]
+    assert token_char_offsets(tok, [*ids, ids[1]])[-1] == (5, 6)  # 'aé b€' + a lone lead byte: '\ufffd' on it
+    assert token_char_offsets(tok, [*ids, eos])[-1] == (5, 5)
+    calls = []
+    monkeypatch.setattr(type(tok), "batch_decode", lambda *a, **k: calls.append(a) or [])
+    token_char_offsets(tok, ids * 64)
+    assert calls == []  # no prefix decodes

@@ -272,12 +272,12 @@ def _chunk_logprobs(head, hidden, targets, temperature: float, entropy_out: list
 def token_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
                    chunk: int = LOGPROB_CHUNK, with_entropy: bool = False):  # fmt: skip
     """log π(y_t) [B, T] (and the entropy [B, T], or None) from hidden states [B, T, H] and the output head, ``chunk``
-    positions at a time. Under autograd each chunk is checkpointed: its logits are recomputed in the backward instead
-    of kept, so peak memory holds one chunk's logits, not [B, T, V]; values and gradients are the plain computation's
-    (tests/test_precision.py)."""
+    positions at a time. Under autograd, when there is more than one chunk, each is checkpointed: its logits are
+    recomputed in the backward instead of kept, so peak memory holds one chunk's logits, not [B, T, V] (at the cost of
+    one more head projection); values and gradients are the plain computation's (tests/test_precision.py)."""
     B, T, H = hidden.shape
     h, y = hidden.reshape(B * T, H), targets.reshape(B * T)
-    grad = torch.is_grad_enabled() and h.requires_grad
+    grad = torch.is_grad_enabled() and h.requires_grad and h.shape[0] > chunk  # one chunk: nothing to recompute
     logp, entropy = [], []
     for hc, yc in zip(h.split(chunk), y.split(chunk), strict=True):
         sink = [] if with_entropy else None

@@ -74,15 +74,48 @@ def prefix_values(
 
 # ---- answer spans as token masks -------------------------------------------------------------------------------------
 def token_char_offsets(tokenizer, ids: Sequence[int]) -> list[tuple[int, int]]:
-    """Character range [start, end) of each token in ``tokenizer.decode(ids)``, from the lengths of the decoded
-    prefixes (exact for the character tokenizer; for BPE a token that completes a multi-byte character owns it).
-    Special tokens decode to nothing, as in the rollout's texts (``skip_special_tokens=True``)."""
-    prefixes = tokenizer.batch_decode([list(ids[:k]) for k in range(len(ids) + 1)], skip_special_tokens=True)
-    ends, longest = [], 0
-    for text in prefixes:
-        longest = max(longest, len(text))  # a partial UTF-8 sequence may decode shorter than its prefix
-        ends.append(longest)
-    return list(zip(ends[:-1], ends[1:], strict=True))
+    """Character range [start, end) of each token in ``tokenizer.decode(ids, skip_special_tokens=True)`` (special
+    tokens decode to nothing, as in the rollout's texts). A character belongs to the token at which the text first
+    holds it: a multi-byte character to the token that completes it (the ones before it are empty), an invalid byte
+    run's replacement characters to the token at which the decoder gives up on it (a later one), a run left
+    incomplete at the end to the last token. The ranges tile the decoded text.
+
+    From the tokenizers library's incremental ``DecodeStream``: O(L), one step per token (34.7 ms a row at L = 512 by
+    decoding every prefix; 0.3 ms this way). A tokenizer without a fast backend, or whose ``decode`` differs from the
+    stream's text (a clean-up of spaces, say), takes the prefix decodes: the same ranges on valid text."""
+    ends = _stream_ends(tokenizer, ids)
+    if ends is None:
+        ends, longest = [], 0
+        for text in tokenizer.batch_decode([list(ids[: k + 1]) for k in range(len(ids))], skip_special_tokens=True):
+            # a prefix ending inside a multi-byte character decodes to a replacement character the next token
+            # replaces: the character belongs to the token at which the text holds it for good
+            text = text.removesuffix("\ufffd") if len(ends) < len(ids) - 1 else text
+            longest = max(longest, len(text))
+            ends.append(longest)
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+def _stream_ends(tokenizer, ids: Sequence[int]) -> list[int] | None:
+    """Each token's end offset from ``DecodeStream`` (None: no fast backend, or text other than ``decode``'s)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    from tokenizers.decoders import DecodeStream
+
+    stream, pieces, ends = DecodeStream(skip_special_tokens=True), [], []
+    try:
+        for t in ids:
+            pieces.append(stream.step(backend, int(t)) or "")  # None: the token leaves a character unfinished
+            ends.append((ends[-1] if ends else 0) + len(pieces[-1]))
+    except Exception:  # noqa: BLE001 - an id the backend refuses: the prefix decodes say what decode() says
+        return None
+    text, streamed = tokenizer.decode(list(ids), skip_special_tokens=True), "".join(pieces)
+    tail = text[len(streamed) :]
+    if not text.startswith(streamed) or tail.strip("\ufffd") or (tail and not ends):
+        return None
+    if tail:  # an incomplete byte run at the end: its replacement characters on the last token
+        ends[-1] = len(text)
+    return ends
 
 
 def span_token_mask(
