@@ -43,12 +43,21 @@ CONFIGS = {
     # the same with room to finish a GSM8K answer, so groups have reward variance and every row is trained
     # (not run by default: about 15 min; `--configs smollm2-128 --no-levers --out results/perf/smollm2-128`)
     "smollm2-128": dict(model="smollm2-135m", task="gsm8k", P=2, G=4, T=128, lr=1e-6, micro=8, warmup=1, steps=2),
-    # work a training run really does (issue 39): SmolLM2 on XSum summarisation, whose graded reward (ROUGE) makes
-    # every group's rewards differ, so every row is trained whatever the skip; P x G = 8 x 8, 64 new tokens
-    # (`--configs smollm2-sum --systems ... --no-levers`, BENCH_THREADS=2: each system with both cores)
+    # work a training run really does (issue 39): SmolLM2 on DialogSum summarisation, whose graded reward (ROUGE)
+    # makes every group's rewards differ, so every row is trained whatever the skip; P x G = 8 x 8, 64 new tokens
+    # (`--configs smollm2-sum --no-levers`, BENCH_THREADS=2: each system with both cores)
     "smollm2-sum": dict(
-        model="smollm2-135m", task="summarization", P=8, G=8, T=64, lr=1e-6, micro=16, warmup=1, steps=2
-    ),
+        model="smollm2-135m",
+        task="summarization",
+        P=8,
+        G=8,
+        T=64,
+        lr=1e-6,
+        micro=16,
+        warmup=1,
+        steps=2,
+        args=["task.corpus=dialogsum"],
+    ),  # fmt: skip
 }
 DEFAULT_CONFIGS = ["tiny", "smollm2"]
 LEVERS = {
@@ -68,25 +77,23 @@ SETTINGS = {"sampler_dtype": "rollout.sampler_dtype", "sampler_attention": "roll
             "precision": "trainer.precision"}  # fmt: skip
 # rollout.sampler_attention=eager is not in these rows: it samples 1.29-1.47x faster than SDPA from bfloat16 weights
 # on unpadded prompts, not on padded ones such as smollm2-128's GSM8K prompts (results/perf/sampler_attention.md)
-BF16_TIS = {"sampler_dtype": "bfloat16", "is_correction": "tis"}
+FP32 = {"precision": "32-true", "sampler_dtype": "float32"}  # explicit: conf/model/smollm2-135m.yaml says bf16-mixed
+BF16_TIS = {"precision": "32-true", "sampler_dtype": "bfloat16", "is_correction": "tis"}
+# trainer.precision=bf16-mixed (bfloat16 autocast over float32 master weights; log-probs from float32 logits),
+# sampling from a bfloat16 copy of the weights refreshed every step: the fastest sound setting (README, "Precision")
+BF16_MIXED = {"precision": "bf16-mixed", "sampler_dtype": "bfloat16"}
 SYSTEMS = {
-    "creditbench": {},  # every speed switch at its default (on)
+    "creditbench": FP32,  # every speed switch at its default (on)
     # the same without skipping zero-advantage groups: the machinery alone, whatever the rewards happen to be
-    "creditbench, no zero-adv skip": {"skip_zero_adv": False},
+    "creditbench, no zero-adv skip": {**FP32, "skip_zero_adv": False},
     "creditbench, bf16 sampling + TIS": BF16_TIS,
     "creditbench, bf16 sampling + TIS, no zero-adv skip": {**BF16_TIS, "skip_zero_adv": False},
     # rollouts from a vLLM engine in the process (rollout.engine=vllm), weights pushed every step, float32 and bf16
-    "creditbench, vLLM engine": {"engine": "vllm"},
+    "creditbench, vLLM engine": {**FP32, "engine": "vllm"},
     "creditbench, vLLM engine, bf16 + TIS": {"engine": "vllm", **BF16_TIS},
-    # trainer.precision=bf16-mixed (bfloat16 autocast over float32 master weights; log-probs from float32 logits),
-    # sampling from a bfloat16 copy of the weights refreshed every step: the fastest sound setting (README)
-    "creditbench, bf16-mixed": {"precision": "bf16-mixed", "sampler_dtype": "bfloat16"},
-    "creditbench, bf16-mixed, no zero-adv skip": {
-        "precision": "bf16-mixed",
-        "sampler_dtype": "bfloat16",
-        "skip_zero_adv": False,
-    },  # fmt: skip
-    "creditbench, vLLM engine, bf16-mixed": {"engine": "vllm", "precision": "bf16-mixed", "sampler_dtype": "bfloat16"},
+    "creditbench, bf16-mixed": BF16_MIXED,
+    "creditbench, bf16-mixed, no zero-adv skip": {**BF16_MIXED, "skip_zero_adv": False},
+    "creditbench, vLLM engine, bf16-mixed": {**BF16_MIXED, "engine": "vllm"},
     "trl": None,
     "trl, bf16": "bf16",  # TRL's own switch (GRPOConfig.bf16=True: accelerate's bfloat16 autocast)
     "trl, vLLM colocate": "vllm",  # TRL's own vLLM mode (use_vllm=True, vllm_mode="colocate"), where it runs
@@ -126,7 +133,9 @@ def _task_and_batches(c: dict, tokenizer, steps: int):
     from bench.config import compose
     from bench.registry import TASKS
 
-    cfg = OmegaConf.to_object(compose([f"model={c['model']}", f"task={c['task']}", "algorithm=grpo"]))
+    cfg = OmegaConf.to_object(
+        compose([f"model={c['model']}", f"task={c['task']}", "algorithm=grpo", *c.get("args", [])])
+    )
     task = TASKS.get(c["task"])(cfg.task, tokenizer, seed=0, prompts_per_step=c["P"], train_stream="prompts")
     it = iter(task.train_dataloader())
     return task, [next(it)["examples"] for _ in range(steps)]
@@ -150,6 +159,7 @@ def creditbench_args(c: dict, folder: Path, levers: dict[str, bool]) -> list[str
         f"trainer.num_threads={THREADS}",
         "trainer.accelerator=cpu",
         "trainer.progress_bar=false",
+        *c.get("args", []),
     ]
     keys = {**SWITCHES, **SETTINGS}
     return args + [f"{keys[k]}={v}" for k, v in levers.items()]
@@ -201,6 +211,7 @@ def run_creditbench(c: dict, folder: Path, levers: dict[str, bool], schedule: li
         module.training_step = switched_step
     trainer = L.Trainer(
         accelerator="cpu",
+        precision=cfg.trainer.precision,
         devices=1,
         max_steps=-1,
         max_epochs=-1,
@@ -697,7 +708,8 @@ SYNTHETIC = " (TRL's advantages were all 0, which would make the check vacuous: 
 def report(rows, lever_rows, peak: float, checks: dict, bw: float, failures: dict, have_vllm: bool,
            peak16: float = math.nan) -> str:  # fmt: skip
     cfg_lines = "\n".join(
-        f"- **{name}**: model `{c['model']}`, task `{c['task']}`, P = {c['P']} prompts x G = {c['G']} completions, "
+        f"- **{name}**: model `{c['model']}`, task `{' '.join([c['task'], *c.get('args', [])])}`, "
+        f"P = {c['P']} prompts x G = {c['G']} completions, "
         f"{c['T']} max new tokens, temperature 1.0, lr {c['lr']}, beta 0, 1 optimizer step per rollout, "
         f"micro-batch {c['micro']}; {c['warmup']} warm-up + {c['steps']} measured steps per process, "
         f"{s['creditbench']['n_steps']} measured steps per system in all; zero-variance groups (median) "

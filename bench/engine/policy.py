@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
@@ -228,10 +229,15 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling",
 def splits_head(model) -> bool:
     """Whether the logits are the output head applied to the last hidden states, nothing after it (Llama, Qwen2,
     Mistral, SmolLM2, ...), so log-probs can be computed from the hidden states a chunk of tokens at a time. A head
-    with hooks (something changes its output) or a config that transforms the logits takes the full computation."""
+    with hooks (something changes its output), a config that transforms the logits, or an FSDP-sharded head takes
+    the full computation."""
     config = getattr(model, "config", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None or head._forward_hooks or head._forward_pre_hooks:
+        return False
+    if isinstance(getattr(head, "weight", None), DTensor):
+        # NOTE(deviation): FSDP-sharded between forwards (bench.dist.shard reshards every module after its forward):
+        # outside the model's forward the head's weight is a shard, so the sharded update takes the whole logits
         return False
     return not any(getattr(config, k, None) not in (None, 1, 1.0) for k in _LOGIT_TRANSFORMS)
 
