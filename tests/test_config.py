@@ -109,3 +109,19 @@ def test_added_defaults_are_the_defaults_and_leave_identities_unchanged():
         assert config_hash(cfg) == config_hash(before)
     stale = compose(["algorithm=grpo", "task=countdown", "task.demo_error_rate=0.0", "rollout.staleness=1"])
     assert config_hash(stale) != config_hash(cfgs[0])
+
+
+def test_setup_cfg_asks_for_the_omegaconf_that_supports_literal_fields():
+    """The config dataclasses use typing.Literal fields, which OmegaConf supports from 2.4; setup.cfg asked for
+    >=2.3, where a fresh install could resolve to a version that rejects them at start-up."""
+    import configparser
+
+    from packaging.requirements import Requirement
+
+    from bench import ROOT
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    lines = [x.split("#")[0].strip() for x in cfg["options"]["install_requires"].splitlines()]
+    (req,) = [Requirement(x) for x in lines if x.startswith("omegaconf")]
+    assert not req.specifier.contains("2.3.0") and req.specifier.contains("2.4.0"), req
