@@ -265,14 +265,21 @@ def _chunk_logprobs(head, hidden, targets, temperature: float, entropy_out: list
     recomputation in the backward finds it filled and skips it."""
     logits = head(hidden)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if temperature > 0:
-        logits = logits / temperature
+    logits = logits / temperature if temperature > 0 else logits
+    logp, entropy = _logprobs_of(logits, targets, entropy_out is not None and not entropy_out)
+    if entropy is not None:
+        entropy_out.append(entropy)
+    return logp
+
+
+def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+    """log π(y) and (without gradient) the entropy H = log Z − E_p[logit] from float logits [..., V]."""
     logz = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
-    if entropy_out is not None and not entropy_out:
-        with torch.no_grad():
-            entropy_out.append(logz - (F.softmax(logits, dim=-1) * logits).sum(-1))  # H = log Z - E_p[logit]
-    return logp
+    if not with_entropy:
+        return logp, None
+    with torch.no_grad():
+        return logp, logz - (F.softmax(logits, dim=-1) * logits).sum(-1)
 
 
 def token_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
@@ -326,12 +333,7 @@ def completion_logprobs(
     else:
         logits = completion_logits(model, *args[1:5], temperature, trim, share_prompt)
         T = logits.shape[1]
-        logz = torch.logsumexp(logits, dim=-1)  # [B, T]
-        logp = logits.gather(-1, completion_ids[:, :T].unsqueeze(-1)).squeeze(-1) - logz
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                entropy = logz - (F.softmax(logits, dim=-1) * logits).sum(-1)  # H = log Z - E_p[logit]
+        logp, entropy = _logprobs_of(logits, completion_ids[:, :T], with_entropy)
     logp = F.pad(logp, (0, T_full - T))  # [B, T_full]
     return logp, (F.pad(entropy, (0, T_full - T)) if with_entropy else None)
 
