@@ -93,7 +93,9 @@ SYSTEMS = {
     "creditbench, vLLM engine, bf16 + TIS": {"engine": "vllm", **BF16_TIS},
     "creditbench, bf16-mixed": BF16_MIXED,
     "creditbench, bf16-mixed, no zero-adv skip": {**BF16_MIXED, "skip_zero_adv": False},
+    "creditbench, vLLM engine, no zero-adv skip": {**FP32, "engine": "vllm", "skip_zero_adv": False},
     "creditbench, vLLM engine, bf16-mixed": {**BF16_MIXED, "engine": "vllm"},
+    "creditbench, vLLM engine, bf16-mixed, no zero-adv skip": {**BF16_MIXED, "engine": "vllm", "skip_zero_adv": False},
     "trl": None,
     "trl, bf16": "bf16",  # TRL's own switch (GRPOConfig.bf16=True: accelerate's bfloat16 autocast)
     "trl, vLLM colocate": "vllm",  # TRL's own vLLM mode (use_vllm=True, vllm_mode="colocate"), where it runs
