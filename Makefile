@@ -72,8 +72,8 @@ seeds: install  ## benchmark: the default job for 3 seeds, held-out accuracy aft
 zero-shot: install  ## benchmark: smollm2-135m greedy zero-shot accuracy and speed on GSM8K and MATH-500 subsets
 	$(PY) scripts/zero_shot.py $(ARGS)
 
-gpu-check:  ## on a CUDA machine: the vLLM engine (and multi-device) checks -> results/gpu/gpu_check.txt
-	PY=$(PY) scripts/gpu_check.sh
+gpu-check:  ## on a CUDA machine (GPUS=2: the multi-GPU part too): fails when it cannot run -> results/gpu/gpu_check.txt
+	PY=$(PY) GPUS=$(or $(GPUS),1) scripts/gpu_check.sh
 
 bench: install  ## performance: creditbench GRPO vs TRL GRPOTrainer side by side, and 2 processes vs 1 -> results/perf/
 	$(PY) scripts/bench.py $(ARGS)

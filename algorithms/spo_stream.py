@@ -88,8 +88,8 @@ class SingleStreamPO(GRPO):
         self.stored: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def p_hat(self, uids: list[str]) -> torch.Tensor:
-        a = torch.tensor([self.alpha.get(u, 0.5) for u in uids], dtype=torch.float64)
-        b = torch.tensor([self.beta_.get(u, 0.5) for u in uids], dtype=torch.float64)
+        a = torch.tensor([self.alpha.get(u, 0.5) for u in uids], dtype=torch.float64)  # host: the tracker's counts
+        b = torch.tensor([self.beta_.get(u, 0.5) for u in uids], dtype=torch.float64)  # host: the tracker's counts
         return a / (a + b)
 
     def collect(self, batch: dict):
@@ -151,7 +151,7 @@ class SingleStreamPO(GRPO):
         uids = [ex.uid for ex in ro.examples for _ in range(ro.group_size)]
         rows = [(ro.prompt_ids[i], ro.prompt_mask[i], ro.completion_ids[i], ro.mask[i]) for i in range(ro.size)]
         now = self._logp(rows)  # this step's samples under the updated policy: what is stored
-        D = torch.zeros(ro.size, dtype=torch.float64)
+        D = torch.zeros(ro.size, dtype=torch.float64)  # host: per-row floats
         if a.rho == "kl":  # a prompt seen for the first time: D = 0
             seen = [i for i, u in enumerate(uids) if u in self.stored]
             past = [self.stored[uids[i]] for i in seen]
@@ -159,7 +159,7 @@ class SingleStreamPO(GRPO):
                 D[i] = float(masked_mean((st[4] - cur.cpu()).abs(), st[3].float()))
             rho = forgetting(D, a.d_half, a.rho_min, a.rho_max)
         else:
-            rho = torch.full((ro.size,), a.rho_value, dtype=torch.float64)
+            rho = torch.full((ro.size,), a.rho_value, dtype=torch.float64)  # host: per-row floats
         r = ro.scores.double().clamp(0, 1).cpu()
         for i, u in enumerate(uids):
             self.alpha[u] = float(rho[i]) * self.alpha.get(u, 0.5) + float(r[i])

@@ -69,6 +69,7 @@ def spo_tree_edges(paths: list[list[int]], rewards: list[float], G: int) -> dict
 def spo_tree_token_advantages(paths, starts, lengths, rewards, G: int, T: int):
     """-> ([B, T] advantages, [B, T] bool: the tokens through which each nonzero edge enters the loss once)."""
     A = spo_tree_edges(paths, rewards, G)
+    # host: filled per token, moved by the caller
     adv, keep, owner = torch.zeros(len(paths), T), torch.zeros(len(paths), T, dtype=torch.bool), {}
     for b, (path, st, n) in enumerate(zip(paths, starts, lengths, strict=True)):
         for d, node in enumerate(path):

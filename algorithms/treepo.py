@@ -59,7 +59,7 @@ def treepo_advantages(paths: list[list[int]], rewards: list[float], G: int, weig
                 out.append(sum(terms) / len(terms))
             else:
                 out.append(sum(t * s for t, s in zip(terms, sizes, strict=True)) / sum(sizes))
-    return torch.tensor(out)
+    return torch.tensor(out)  # host: moved by the caller
 
 
 def masked_whiten(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

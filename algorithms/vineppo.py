@@ -74,7 +74,7 @@ def step_starts(starts_by_row: list[list[int]], lengths: list[int]) -> list[list
 def vine_advantages(starts: list[list[int]], values: list[list[float]], rewards: list[float], T: int) -> torch.Tensor:
     """[B, T] token advantages: step i of row b (tokens starts[b][i] .. starts[b][i+1]) gets
     r_i + V̂(s_{i+1}) − V̂(s_i), with V̂(s_n) = 0 and r = R on the last step only. ``values[b][i]`` = V̂(s_i)."""
-    out = torch.zeros(len(starts), T)
+    out = torch.zeros(len(starts), T)  # host: filled per token, moved by the caller
     for b, (st, v, R) in enumerate(zip(starts, values, rewards, strict=True)):
         ends = [*st[1:], None]
         for i, (a, e) in enumerate(zip(st, ends, strict=True)):

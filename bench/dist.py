@@ -68,6 +68,30 @@ def active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def comm_device() -> torch.device:
+    """Where a collective's tensors must be: the rank's current CUDA device under NCCL (the only backend Lightning
+    starts on GPUs), the CPU under gloo.
+
+    Why not a ``cpu:gloo,cuda:nccl`` group that takes both: a CPU tensor reaching a collective on a GPU run is a
+    tensor made on the wrong device, and the next op that meets a CUDA tensor fails anyway; and gloo across nodes is a
+    second transport to configure (its interface, its ports). So every helper here builds its tensors on this device
+    and ``check`` refuses one that is not."""
+    if active() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def check(x: torch.Tensor, what: str) -> torch.Tensor:
+    """``x`` itself when it is on ``comm_device()``; else an error naming the tensor and both devices."""
+    want = comm_device()
+    if x.device.type != want.type:
+        raise RuntimeError(
+            f"{what}: a tensor on {x.device} reached a collective whose backend ({dist.get_backend()}) needs {want}: "
+            "make it on the device of the tensors it meets (device=...), not with a bare constructor"
+        )
+    return x
+
+
 def rank() -> int:
     return dist.get_rank() if active() else 0
 
@@ -103,7 +127,7 @@ def share(n: int) -> slice:
 def all_sum(x: torch.Tensor) -> torch.Tensor:
     """Sum over ranks (in place; the identity on one process)."""
     if active():
-        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        dist.all_reduce(check(x, "all_sum"), op=dist.ReduceOp.SUM)
     return x
 
 
@@ -112,7 +136,7 @@ def sum_floats(*values: float) -> list[float]:
     """Sums over ranks of a few Python numbers."""
     if not active():
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
 
@@ -142,6 +166,7 @@ def gather_rows(x: torch.Tensor, pad_value=0, left: bool = False) -> tuple[torch
     or on the ``left`` for left-padded prompts); -> (the global tensor, each rank's row count)."""
     if not active():
         return x, [x.shape[0]]
+    check(x, "gather_rows")
     shapes = gather_objects(tuple(x.shape))
     rows = [s[0] for s in shapes]
     width = max(s[1] for s in shapes) if x.dim() > 1 else None
@@ -169,7 +194,7 @@ def all_reduce_grads(params) -> None:
             continue
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+        dist.all_reduce(check(p.grad, "all_reduce_grads"), op=dist.ReduceOp.SUM)
 
 
 def any_rank(flag: bool) -> bool:

@@ -296,13 +296,14 @@ class Task(L.LightningDataModule):
             c = tok(e.demonstration, add_special_tokens=False).input_ids + [tok.eos_token_id]
             rows.append((p, c))
         width = max(len(p) + len(c) for p, c in rows)
+        # host: the SFT batch: Lightning moves it
         ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
         labels = torch.full_like(ids, -100)
         mask = torch.zeros_like(ids)
         for i, (p, c) in enumerate(rows):
             n = len(p) + len(c)
-            ids[i, :n] = torch.tensor(p + c)
-            labels[i, len(p) : n] = torch.tensor(c)
+            ids[i, :n] = torch.tensor(p + c)  # host
+            labels[i, len(p) : n] = torch.tensor(c)  # host
             mask[i, :n] = 1
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 

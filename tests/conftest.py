@@ -71,3 +71,22 @@ def small(store) -> list[str]:
 def data_root() -> Path | None:
     root = Path(os.environ.get("BENCH_DATA") or ROOT.parent / "shared" / "data")
     return root if root.is_dir() else None
+
+
+# ---- make gpu-check: a GPU test that skips is a failure there ------------------------------------------------------
+def pytest_addoption(parser):
+    parser.addoption(
+        "--gpu-strict",
+        action="store_true",
+        help="a gpu-marked test that skips (no CUDA, no CUDA vLLM, too few GPUs) fails instead (make gpu-check)",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and item.config.getoption("--gpu-strict") and item.get_closest_marker("gpu"):
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"make gpu-check needs this test to run, and it skipped: {reason}"

@@ -406,6 +406,7 @@ def test_a_sweep_cell_runs_on_two_devices(tmp_path, launcher):
 
 # ---- GPU (make gpu-check, with 2 or more CUDA devices) -------------------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.multigpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 def test_two_gpus_with_nccl_equal_one_gpu(tmp_path):
     """The CPU equality on CUDA with NCCL: GRPO and PPO, 2 GPUs against 1."""
@@ -447,7 +448,9 @@ def test_fsdp_on_one_gpu_equals_the_plain_run(tmp_path):
     """trainer.strategy=fsdp on one GPU (Lightning's ModelParallelStrategy, FSDP2 over a mesh of one, NCCL): GRPO
     and PPO (its critic too) end where the plain one-device run ends: the CUDA path of the CPU equality tests, on the
     machines that have one GPU."""
-    extra = ["trainer.accelerator=gpu"]
+    # the hf engine's behaviour copy (bfloat16, one step stale) is made before FSDP shards the policy and before
+    # Lightning moves it to the GPU: it must follow the policy there (issue 40, item 5)
+    extra = ["trainer.accelerator=gpu", "rollout.sampler_dtype=bfloat16", "rollout.staleness=1"]
     plain = _torchrun(tmp_path / "plain", ["grpo", "ppo"], *extra)
     fsdp = _torchrun(tmp_path / "fsdp", ["grpo", "ppo"], *extra, "trainer.strategy=fsdp")
     for a in ("grpo", "ppo"):
@@ -457,6 +460,7 @@ def test_fsdp_on_one_gpu_equals_the_plain_run(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.multigpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 def test_fsdp_on_two_gpus_equals_one_gpu(tmp_path):
     """trainer.strategy=fsdp on CUDA with NCCL: GRPO and PPO, 2 GPUs against 1, and an SFT warm start that finishes."""
@@ -468,3 +472,27 @@ def test_fsdp_on_two_gpus_equals_one_gpu(tmp_path):
         print(f"cuda fsdp {a}: 2 GPUs vs 1: max |diff| {diff:.2e}")
         assert diff < 1e-4, (a, diff)
     _sft(tmp_path / "sft", "trainer.accelerator=gpu", "trainer.strategy=fsdp")
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_one_vllm_engine_per_gpu_trains_as_one_gpu(tmp_path, strategy):
+    """rollout.engine=vllm on 2 GPUs: each rank's engine on its own GPU (vLLM's external-launcher executor; the
+    default one put every engine on GPU 0), logged as engine/devices, and 3 steps that sample and train as one GPU
+    with one engine does."""
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "coin.py").write_text(COIN)
+    extra = [f"include={tmp_path / 'tasks'}", "inject=false", "task=coin", "trainer.max_steps=3",
+             "rollout.engine=vllm", "trainer.accelerator=gpu"]  # fmt: skip
+    one = _torchrun(tmp_path / "one", ["grpo"], *extra)["grpo"]
+    two = _torchrun(tmp_path / "two", ["grpo"], *extra, f"trainer.strategy={strategy}", nproc=2)["grpo"]
+    db = tmp_path / "two" / "grpo" / "mlflow.db"
+    run = MlflowClient(f"sqlite:///{db}").get_run(two["run_id"])
+    assert run.data.params["engine/devices"] == "cuda:0,cuda:1"
+    for key in ("reward/mean", "rollout/tokens_generated"):
+        c1, c2 = _curve(one, tmp_path / "one" / "grpo" / "mlflow.db", key), _curve(two, db, key)
+        print(f"cuda {strategy} {key}: 1 GPU {c1}; 2 GPUs {c2}")
+        assert c1 == c2 and len(c1) == 3, (key, c1, c2)
+    assert max(v for _, v in _curve(two, db, "rollout/mismatch_logp_max")) < 1e-3

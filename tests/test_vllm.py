@@ -91,6 +91,37 @@ def test_engine_logprobs_equal_the_learners_after_a_push_and_a_stale_engine_fail
     assert stale > bound, (stale, step_change)
 
 
+def _watch_autocast(worker) -> None:
+    """On the engine's worker: record, at each forward of its model, whether CPU autocast is on (once per engine)."""
+    if not hasattr(worker, "autocast_seen"):
+        worker.autocast_seen = []
+        hook = lambda module, args: worker.autocast_seen.append(torch.is_autocast_enabled("cpu"))  # noqa: E731
+        worker.model_runner.get_model().register_forward_pre_hook(hook)
+    worker.autocast_seen.clear()
+
+
+@needs_vllm
+def test_the_engine_computes_in_its_own_dtype_inside_a_bf16_mixed_step(tiny):
+    """Lightning runs training_step (where the rollout samples) inside bfloat16 autocast under bf16-mixed; the
+    engine's forwards run in this thread, so without ``outside_autocast`` a float32 engine would compute in bfloat16.
+    Seen from inside the engine's model: every forward runs with autocast off, and the log-probs are bit for bit
+    those outside autocast."""
+    cfg, policy, tokenizer, engine = tiny
+    prompts = _prompts(cfg, tokenizer, 3)
+    seqs = [p[m.bool()].tolist() for p, m in zip(prompts["prompt_ids"], prompts["prompt_mask"], strict=True)]
+    plain = engine.sequence_logprobs(seqs)
+    engine.llm.collective_rpc(_watch_autocast)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.is_autocast_enabled("cpu")
+        inside = engine.sequence_logprobs(seqs)
+        sampling = _sampling(tokenizer, [0, 1, 2], 4)
+        engine.generate(prompts["prompt_ids"], prompts["prompt_mask"], group_size=2, **sampling)
+    seen = engine.llm.collective_rpc(lambda worker: list(worker.autocast_seen))[0]
+    assert seen and not any(seen), f"the engine's forwards saw autocast on: {seen}"
+    for a, b in zip(plain, inside, strict=True):
+        assert torch.equal(a, b)
+
+
 @needs_vllm
 def test_engine_starts_in_a_process_that_imported_numba_first(tmp_path):
     """vLLM's CPU kernel registration scans every loaded module; with llvmlite loaded (numba imports it, and CI's

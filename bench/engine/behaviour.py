@@ -133,6 +133,11 @@ class BehaviourPolicy:
                 p.requires_grad_(False)
                 if p.is_floating_point():
                     p.data = p.data.to(self.dtype)  # the weights only: buffers (RoPE frequencies) keep their dtype
+        device = next(policy.parameters()).device  # a DTensor's is its local shard's
+        if next(self.copy.parameters()).device != device:
+            # made in configure_model (before FSDP shards the policy), before Lightning moves the policy to its device:
+            # the copy is no nn.Module of the LightningModule, so nothing else moves it
+            self.copy.to(device)
         if step is not None and step != self.step:  # once per step, whatever the number of sampling rounds
             self.history.append(self.trainable(policy))
             with torch.no_grad():

@@ -78,7 +78,7 @@ def sample_tree(
             width = max(1, max(len(n.ids) for n in nodes))
             comp = torch.full((len(nodes), width), pad, dtype=prompt_ids.dtype, device=prompt_ids.device)
             for i, n in enumerate(nodes):
-                comp[i, : len(n.ids)] = torch.tensor(n.ids, dtype=comp.dtype)
+                comp[i, : len(n.ids)] = torch.tensor(n.ids, dtype=comp.dtype)  # host: copied into
             rows = torch.tensor([n.p for n in nodes], device=prompt_ids.device)
             gen = branch(model, prompt_ids[rows], prompt_mask[rows], comp, [len(n.ids) for n in nodes],
                          continuations=k, max_new_tokens=max_new_tokens,
@@ -123,9 +123,9 @@ def sample_tree(
     mask = torch.zeros(len(done), T, device=prompt_ids.device)
     logp = torch.zeros(len(done), T, device=prompt_ids.device)
     for i, n in enumerate(done):
-        ids[i, : len(n.ids)] = torch.tensor(n.ids, dtype=ids.dtype)
+        ids[i, : len(n.ids)] = torch.tensor(n.ids, dtype=ids.dtype)  # host: copied into
         mask[i, : len(n.ids)] = 1
-        logp[i, : len(n.ids)] = torch.tensor(n.logp)
+        logp[i, : len(n.ids)] = torch.tensor(n.logp)  # host: copied into
     lengths = mask.sum(1).long()
     truncated = torch.tensor([not n.eos for n in done], device=prompt_ids.device)
     return Tree(Generation(ids, mask, logp, lengths, truncated), [n.path for n in done], [n.starts for n in done],

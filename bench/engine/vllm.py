@@ -139,6 +139,36 @@ class _ExpectedWarmupFailure(logging.Filter):
 logging.getLogger("vllm.renderers.base").addFilter(_ExpectedWarmupFailure())
 
 
+def executor_args(on_gpu: bool, rank: int, world: int, device_index: int) -> tuple[dict, dict]:
+    """(the ``LLM`` arguments, the environment) that put this rank's engine on this rank's GPU.
+
+    vLLM's default single-process executor takes its worker's local rank from the device string, and vLLM 0.32 builds
+    that string from the platform alone ("cuda"): every rank's engine would land on GPU 0, and its worker would leave
+    the process's current device at 0. With several ranks on GPUs the engine runs under vLLM's external-launcher
+    executor instead, which reads RANK and LOCAL_RANK from the environment and joins the process group the launcher
+    (Lightning, torchrun) made, as TRL's colocate mode does (``distributed_executor_backend="external_launcher"``,
+    tensor parallel 1: one whole engine per rank). On one process, or on CPU, nothing changes."""
+    if not on_gpu or world <= 1:
+        return {}, {}
+    env = {"RANK": str(rank), "LOCAL_RANK": str(device_index), "WORLD_SIZE": str(world)}
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}, env
+
+
+@contextlib.contextmanager
+def outside_autocast():
+    """The engine computes in its own dtype: a bf16-mixed run samples inside Lightning's autocast (training_step),
+    which would otherwise reach the engine's forwards in this thread."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.autocast("cpu", enabled=False))
+        if torch.cuda.is_available():
+            stack.enter_context(torch.autocast("cuda", enabled=False))
+        yield
+
+
+def _worker_device(worker) -> str:
+    return str(worker.device)
+
+
 class VLLMEngine:
     """One in-process vLLM engine holding the behaviour policy's weights in ``dtype``."""
 
@@ -159,19 +189,31 @@ class VLLMEngine:
         save_file({n: t.contiguous() for n, t in merged_state_dict(policy).items()}, str(folder / "model.safetensors"))
         t0 = time.perf_counter()
         kw = {"gpu_memory_utilization": gpu_memory} if on_gpu else {}
-        with _scannable_modules():
+        device = next(policy.parameters()).device
+        executor, env = executor_args(on_gpu, dist.rank(), dist.world(), device.index or 0)
+        os.environ.update(env)
+        with _scannable_modules(), outside_autocast():
             self.llm = LLM(model=str(folder), skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
                            max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs",
-                           enable_prefix_caching=True, **kw)  # fmt: skip
+                           enable_prefix_caching=True, **kw, **executor)  # fmt: skip
         self.start_s = time.perf_counter() - t0
-        self.device = "cuda" if on_gpu else "cpu"
+        self.device = "cpu"
+        if on_gpu:
+            torch.cuda.set_device(device)  # the rank's own device, whatever the engine's worker set
+            self.device = str(self._engine_device())
+            if torch.device(self.device) != device:
+                raise RuntimeError(
+                    f"rank {dist.rank()}: vLLM put this rank's engine on {self.device}, but the rank trains on "
+                    f"{device}: engines would share one GPU (bench/engine/vllm.py::executor_args)"
+                )
         self.cpu_kv_gb = None if on_gpu else cpu_kv_gb
 
     def push(self, weights: dict[str, torch.Tensor]) -> float:
         """Load ``weights`` (HF names) into the engine in place; -> seconds taken."""
         t0 = time.perf_counter()
         items = [(n, t.detach()) for n, t in weights.items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
+        with outside_autocast():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
         return time.perf_counter() - t0
 
@@ -214,18 +256,20 @@ class VLLMEngine:
         params = [SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
                                  max_tokens=budget, seed=seed, logprobs=0, stop_token_ids=[eos_token_id],
                                  detokenize=False) for seed, budget in zip(seeds, budgets, strict=True)]  # fmt: skip
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        with outside_autocast():
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         rows = [o for req in outs for o in req.outputs for _ in range(group_size // n)]
         T = max((len(o.token_ids) for o in rows), default=1) or 1
         B = len(rows)
-        ids = torch.full((B, T), pad_token_id, dtype=torch.long)
-        logp = torch.zeros(B, T)
-        mask = torch.zeros(B, T)
+        ids = torch.full((B, T), pad_token_id, dtype=torch.long)  # host: moved at the end
+        logp = torch.zeros(B, T)  # host: moved at the end
+        mask = torch.zeros(B, T)  # host: moved at the end
         for i, o in enumerate(rows):
             n = len(o.token_ids)
-            ids[i, :n] = torch.tensor(o.token_ids, dtype=torch.long)
-            logp[i, :n] = torch.tensor([d[t].logprob for d, t in zip(o.logprobs, o.token_ids, strict=True)])
+            ids[i, :n] = torch.tensor(o.token_ids, dtype=torch.long)  # host
+            logp[i, :n] = torch.tensor([d[t].logprob for d, t in zip(o.logprobs, o.token_ids, strict=True)])  # host
             mask[i, :n] = 1.0
+        # host: moved at the end
         ended = torch.tensor([len(o.token_ids) > 0 and o.token_ids[-1] == eos_token_id for o in rows])
         return Generation(ids.to(device), mask.to(device), logp.to(device), mask.sum(1).long().to(device),
                           (~ended).to(device))  # fmt: skip
@@ -237,14 +281,20 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], sp, use_tqdm=False)
+        with outside_autocast():
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], sp, use_tqdm=False)
+        # host: test helper
         return [torch.tensor([d[t].logprob for d, t in zip(o.prompt_logprobs[1:], s[1:], strict=True)])
                 for o, s in zip(outs, sequences, strict=True)]  # fmt: skip
+
+    def _engine_device(self) -> torch.device:
+        """The device the engine's worker holds its model on (what the multi-GPU check compares with the rank's)."""
+        return torch.device(self.llm.collective_rpc(_worker_device)[0])
 
     def memory(self) -> dict[str, float]:
         """What the engine holds: on a GPU the memory allocated in this process (engine and learner share it); on CPU
         the KV cache it was given and this process's resident memory."""
-        if self.device == "cuda":
+        if self.device.startswith("cuda"):
             return {"engine/gpu_allocated_gb": torch.cuda.memory_allocated() / 2**30}
         rss = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmRSS:")) / 2**20
         return {"engine/cpu_kv_cache_gb": float(self.cpu_kv_gb), "engine/process_rss_gb": rss}

@@ -137,7 +137,7 @@ def kto_loss(
 ) -> torch.Tensor:
     """KTO (Ethayarajh et al. 2024, Eq. 7 as in HALOs and TRL): λ_D(1 − σ(β(ρ − z_ref))) for desirable y,
     λ_U(1 − σ(β(z_ref − ρ))) for undesirable y. [N] per example."""
-    d = desirable.bool()
+    d = desirable.to(rho.device, torch.bool)  # labels come from the host-side pairing (bench/pref/pairs.py)
     return torch.where(
         d, lam_d * (1 - torch.sigmoid(beta * (rho - z_ref))), lam_u * (1 - torch.sigmoid(beta * (z_ref - rho)))
     )

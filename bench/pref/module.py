@@ -380,10 +380,12 @@ class Preference(RLModule):
         per_micro = max(1, self.cfg.train.micro_batch_size // (2 if paired else 1))
         sums: dict[str, float] = defaultdict(float)
         # on several ranks: the pairs (within groups) whose rows are this rank's; the loss divides by all ranks' items
+        # host: host-side item indices
         owned = torch.ones(ro.size, dtype=torch.bool) if ro.owned is None else ro.owned.cpu()
         mine = owned[it.w] if paired else owned[it.rows]
         sharded = dist.sharded(self.policy)
         finite = True
+        # host: host-side item indices
         for chunk, weight in dist.lockstep(list(torch.arange(it.n)[mine].split(per_micro)), torch.arange(1), sharded):
             if paired:
                 loss_vec, stats = self.pair_losses(ro, it.w[chunk], it.l[chunk])

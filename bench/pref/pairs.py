@@ -30,7 +30,7 @@ def _rso_accept(s: list[float], beta: float, n: int, gen: torch.Generator) -> li
     left, accepted = list(range(len(s))), []
     while left and len(accepted) < n:
         r_max = max(s[i] for i in left)
-        u = torch.rand(len(left), generator=gen).tolist()
+        u = torch.rand(len(left), generator=gen).tolist()  # host: host-side pairing
         took = [i for i, ui in zip(left, u, strict=True) if ui < math.exp((s[i] - r_max) / beta)]
         accepted += took[: n - len(accepted)]
         left = [i for i in left if i not in took]
@@ -42,7 +42,7 @@ def _pick_all(s, cand, gen, beta):
 
 
 def _pick_random(s, cand, gen, beta):
-    return [cand[int(torch.randint(len(cand), (1,), generator=gen))]]
+    return [cand[int(torch.randint(len(cand), (1,), generator=gen))]]  # host: host-side pairing
 
 
 def _pick_max_margin(s, cand, gen, beta):
@@ -77,7 +77,7 @@ def select_pairs(
         for i, j in SELECTIONS[how](s, cand, gen, rso_beta) if cand else ():
             w.append(g0 + i)
             lo.append(g0 + j)
-    return torch.tensor(w, dtype=torch.long), torch.tensor(lo, dtype=torch.long)
+    return torch.tensor(w, dtype=torch.long), torch.tensor(lo, dtype=torch.long)  # host: host-side pair indices
 
 
 def labelled_rows(scores: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

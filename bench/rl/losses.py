@@ -369,6 +369,7 @@ def clip_cov_keep(cov, clipped, mask, ratio: float, lb: float, ub: float, genera
     keep = torch.ones_like(mask, dtype=cov.dtype)
     n = max(int(ratio * float(mask.sum())), 1)
     if len(candidates):
+        # host: an index
         chosen = candidates[torch.randperm(len(candidates), generator=generator)[: min(n, len(candidates))]]
         keep[chosen[:, 0], chosen[:, 1]] = 0.0
     return keep

@@ -575,7 +575,7 @@ class RLModule(PolicyModule):
             truncated=gen.truncated,
             texts=self.decode(gen.completion_ids, gen.mask),
             group_size=G,
-            row_key=((round * batch.get("total", P) + first) * G + torch.arange(P * G)).to(self.device),
+            row_key=(round * batch.get("total", P) + first) * G + torch.arange(P * G, device=self.device),
         )
         t1 = time.perf_counter()
         self.score(ro)
@@ -608,10 +608,14 @@ class RLModule(PolicyModule):
         r = self.cfg.rollout
         where = self.checkpoint_path.parent.parent if self.checkpoint_path else Path(tempfile.mkdtemp(prefix="engine-"))
         context = self.engine_context(policy)
-        engine = VLLMEngine(policy, where / "engine", dtype=r.sampler_dtype, max_model_len=context, seed=self.cfg.seed,
+        folder = where / "engine" if dist.world() == 1 else where / "engine" / f"rank{dist.rank()}"  # one per rank
+        engine = VLLMEngine(policy, folder, dtype=r.sampler_dtype, max_model_len=context, seed=self.cfg.seed,
                             gpu_memory=r.engine_gpu_memory, cpu_kv_gb=r.engine_cpu_kv_gb)  # fmt: skip
+        devices = ",".join(dist.gather_objects(engine.device))  # each rank's engine's device, in rank order
         for logger in self.loggers:
-            logger.log_hyperparams({"engine/start_s": round(engine.start_s, 1), **engine.memory()})
+            logger.log_hyperparams(
+                {"engine/start_s": round(engine.start_s, 1), **engine.memory(), "engine/devices": devices}
+            )
         return engine
 
     def engine_context(self, policy) -> int:
@@ -675,7 +679,8 @@ class RLModule(PolicyModule):
         ro.scores = torch.tensor([res.score for res in results], dtype=torch.float32, device=self.device)
         ro.correct = torch.tensor([self.task.is_correct(res) for res in results], device=self.device)
         names = sorted({k for res in results for k in res.components})
-        ro.components = {k: torch.tensor([res.components.get(k, 0.0) for res in results]) for k in names}
+        ro.components = {k: torch.tensor([res.components.get(k, 0.0) for res in results], device=self.device)
+                         for k in names}  # fmt: skip
         if self.needs_process_rewards:
             steps = [self.task.process_rewards(ro.examples[i // G], text) for i, text in enumerate(ro.texts)]
             decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731  (as in decode())
@@ -865,7 +870,7 @@ class RLModule(PolicyModule):
         n_steps = 0
         gen = torch.Generator().manual_seed(sample_seed(self.cfg.seed, self.step_count, "minibatches"))
         for _ in range(t.ppo_epochs):
-            order = torch.randperm(B, generator=gen) if mb_size < B else torch.arange(B)
+            order = torch.randperm(B, generator=gen) if mb_size < B else torch.arange(B)  # host: row order (an index)
             for mb in order.to(self.device).split(mb_size):
                 norm = Norm.of(ro.train_mask[mb], budget=r.max_new_tokens, groups=mb // ro.group_size)
                 opt.zero_grad(set_to_none=True)

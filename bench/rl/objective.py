@@ -198,10 +198,7 @@ ADV_SCALES = Choices(
         "group_std": lambda r, G, cfg: L.group_advantages(r, G, "std", cfg.adv_eps, cfg.adv_std_unbiased),
         "batch_std": lambda r, G, cfg: (
             L.group_advantages(r, G, "none")
-            / (
-                (r.std(unbiased=cfg.adv_std_unbiased) if r.numel() > 1 else torch.zeros((), dtype=r.dtype))
-                + cfg.adv_eps
-            )
+            / ((r.std(unbiased=cfg.adv_std_unbiased) if r.numel() > 1 else r.new_zeros(())) + cfg.adv_eps)
         ),
     },
 )

@@ -103,11 +103,11 @@ def fixed_ngram_starts(mask: torch.Tensor, n: int) -> torch.Tensor:
 def random_ngram_starts(mask: torch.Tensor, lengths: Sequence[int], generator: torch.Generator) -> torch.Tensor:
     """Macro lengths drawn i.i.d. uniformly from ``lengths`` for each row, from ``generator`` (seeded by the caller)."""
     B, T = mask.shape
-    choices = torch.tensor(list(lengths), dtype=torch.long)
+    choices = torch.tensor(list(lengths), dtype=torch.long)  # host: moved at the end
     assert len(choices) > 0 and bool((choices >= 1).all()), f"macro lengths must be >= 1: {list(lengths)}"
-    drawn = choices[torch.randint(len(choices), (B, T), generator=generator)]  # [B, T] >= T tokens per row
+    drawn = choices[torch.randint(len(choices), (B, T), generator=generator)]  # host: [B, T] >= T tokens per row
     begin = (drawn.cumsum(-1) - drawn).clamp(max=T)  # [B, T] exclusive cumsum: where each macro begins
-    starts = torch.zeros(B, T + 1, dtype=torch.bool).scatter(1, begin, True)[:, :T]
+    starts = torch.zeros(B, T + 1, dtype=torch.bool).scatter(1, begin, True)[:, :T]  # host: moved at the end
     return starts.to(mask.device)
 
 
@@ -170,8 +170,8 @@ def step_token_rewards(
     placed on the token that holds that character -> (rewards [B, T] float, step ends [B, T] bool). Two steps ending
     in one token add up; a step at or past the end of the decoded text (a step the completion never reached) goes on
     its last generated token (the EOS, when it stopped). ``decode`` as in :func:`task_starts`."""
-    rewards = torch.zeros(mask.shape, dtype=torch.float32)
-    ends = torch.zeros(mask.shape, dtype=torch.bool)
+    rewards = torch.zeros(mask.shape, dtype=torch.float32)  # host: moved at the end
+    ends = torch.zeros(mask.shape, dtype=torch.bool)  # host: moved at the end
     lengths = mask.bool().sum(-1).tolist()
     for i, (row, ids, L) in enumerate(zip(steps, completion_ids.cpu().tolist(), lengths, strict=True)):
         if not row:

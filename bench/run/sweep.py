@@ -356,9 +356,20 @@ def _visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
+RAY_ASSIGNS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ONEAPI_DEVICE_SELECTOR")
+"""What Ray sets in each task's environment to give it its accelerators: never taken from the driver's."""
+
+
+def cell_env(worker: dict[str, str], driver: dict[str, str]) -> dict[str, str]:
+    """A Ray cell's environment: the driver's (its paths, data root, tracking URI) over the Ray worker's, except the
+    device assignment, which stays Ray's (a CUDA_VISIBLE_DEVICES exported in the driver's shell, or set by SLURM,
+    would otherwise hand every cell the same GPUs)."""
+    return {**worker, **{k: v for k, v in driver.items() if k not in RAY_ASSIGNS}}
+
+
 def _ray_run(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[int, str]:
     proc = subprocess.run(
-        argv, cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, preexec_fn=_die_with_parent
+        argv, cwd=cwd, env=cell_env(dict(os.environ), env), capture_output=True, text=True, preexec_fn=_die_with_parent
     )
     return proc.returncode, proc.stdout + proc.stderr
 
