@@ -38,6 +38,8 @@ def cmd_list() -> None:
         print(f"{title}:")
         for name, cls in sorted(reg.classes().items()):
             print(f"  {name:<22} {getattr(cls, 'description', '')}")
+            for choice in getattr(cls, "choices", list)():
+                print(f"    {name} {choice}")
 
 
 def _pop(args: list[str], key: str) -> tuple[str | None, list[str]]:

@@ -16,6 +16,7 @@ bench/sqlite_sandbox.py (text-to-SQL execution).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import math
 import os
@@ -30,6 +31,12 @@ STARTUP_TIMEOUT_S = 120.0
 """How long a call waits for a freshly started worker to become ready (generous: the host may be loaded)."""
 
 
+def limit_memory(memory_mb: int) -> None:
+    """In a worker, at start: an address-space limit of ``memory_mb`` MiB (none when <= 0)."""
+    if memory_mb > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
 def limit_cpu(extra_s: float) -> None:
     """In a worker, before each request: RLIMIT_CPU at the CPU time used so far + ``extra_s``, a backstop for a worker
     whose parent was killed (SIGXCPU ends it); the parent's kill is the real bound."""
@@ -37,6 +44,86 @@ def limit_cpu(extra_s: float) -> None:
     cpu = math.ceil(used.ru_utime + used.ru_stime) + int(extra_s)
     hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
     resource.setrlimit(resource.RLIMIT_CPU, (cpu if hard == resource.RLIM_INFINITY else min(cpu, hard), hard))
+
+
+# ---- confinement: what a worker on untrusted input may not do --------------------------------------------------------
+_WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
+_DENIED = (
+    # start a process
+    "execve", "execveat", "fork", "vfork",
+    # reach the network (no socket, no descriptor to send on)
+    "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
+    # change the file system
+    "creat", "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir", "link", "linkat",
+    "symlink", "symlinkat", "chmod", "fchmod", "fchmodat", "chown", "fchown", "lchown", "fchownat", "truncate",
+    "ftruncate", "utime", "utimes", "utimensat", "futimesat", "mknod", "mknodat", "memfd_create",
+    # escape hatches: another process's memory or namespace, a kernel-side file API that bypasses these rules
+    "ptrace", "process_vm_writev", "mount", "umount2", "chroot", "pivot_root", "setns", "unshare", "bpf",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "name_to_handle_at", "open_by_handle_at",
+)  # fmt: skip
+_AUDIT_DENIED = ("os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen",
+                 "pty.spawn", "socket.", "os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.symlink", "os.link",
+                 "os.chmod", "os.chown", "os.truncate", "os.utime", "shutil.", "os.kill", "os.killpg",
+                 "signal.pthread_kill", "ctypes.dlopen", "webbrowser.open", "urllib.Request")  # fmt: skip
+
+
+class ConfinementError(RuntimeError):
+    """A worker could not confine itself (no libseccomp): it refuses to start rather than run untrusted input
+    unconfined."""
+
+
+def confine() -> None:
+    """Confine this process for good before it reads untrusted input: it can no longer write a file, start a process,
+    reach the network, signal another process or touch another's memory, whatever code runs in it afterwards.
+
+    Two layers. The kernel's seccomp filter (libseccomp through ``pyseccomp``): the syscalls above fail with EPERM,
+    ``open``/``openat`` fail with EPERM whenever their flags ask to write, create, truncate or append, ``clone`` only
+    makes threads, ``kill``/``tgkill`` only reach this process, and ``clone3``/``openat2`` (whose flags the filter
+    cannot read) fail with ENOSYS, so the C library falls back to the calls above; inherited descriptors (the protocol
+    pipe) stay writable. It holds for anything, ctypes and C extensions included, and cannot be lifted. Then a Python
+    audit hook turns the same operations into a PermissionError at the Python level, with a message that names them.
+    Call it after the imports the worker needs (lazy imports still read files). Raises ConfinementError when seccomp is
+    not available (``apt install libseccomp2``)."""
+    try:
+        import pyseccomp as sc
+
+        f = sc.SyscallFilter(sc.ALLOW)
+    except Exception as e:  # noqa: BLE001 - the library or the kernel's seccomp missing: refuse to run unconfined
+        raise ConfinementError(f"seccomp is not available ({type(e).__name__}: {e}): apt install libseccomp2") from e
+    import errno
+    import sys
+
+    eperm, enosys = sc.ERRNO(errno.EPERM), sc.ERRNO(errno.ENOSYS)
+    for name in _DENIED:
+        try:
+            f.add_rule(eperm, name)
+        except (ValueError, RuntimeError, OSError):  # a syscall this architecture does not have (e.g. fork on arm64)
+            pass
+    for name, arg in (("open", 1), ("openat", 2)):
+        for flag in _WRITE_FLAGS:
+            with contextlib.suppress(ValueError, RuntimeError, OSError):
+                f.add_rule(eperm, name, sc.Arg(arg, sc.MASKED_EQ, flag, flag))
+    clone_thread = 0x00010000  # CLONE_THREAD: a thread of this process
+    f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, clone_thread, 0))
+    for name in ("clone3", "openat2"):
+        with contextlib.suppress(ValueError, RuntimeError, OSError):
+            f.add_rule(enosys, name)
+    me = os.getpid()
+    f.add_rule(eperm, "kill", sc.Arg(0, sc.NE, me))
+    for name in ("tgkill", "tkill"):
+        f.add_rule(eperm, name, sc.Arg(0, sc.NE, me))
+    f.load()
+    sys.dont_write_bytecode = True
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open" and len(args) >= 3:
+            mode, flags = args[1] or "", args[2] or 0
+            if any(c in str(mode) for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+                raise PermissionError(f"confined worker: opening {args[0]!r} for writing is not allowed")
+        elif event.startswith(_AUDIT_DENIED):
+            raise PermissionError(f"confined worker: {event} is not allowed")
+
+    sys.addaudithook(hook)
 
 
 class WorkerStartError(RuntimeError):

@@ -131,6 +131,12 @@ class Task(L.LightningDataModule):
         self._splits: dict[str, list[Example]] = {}
 
     # ---- data ---------------------------------------------------------------------------------------------------
+    @classmethod
+    def choices(cls) -> list[str]:
+        """What this one task offers beyond its config's defaults (reasoning-gym's generators): ``bench list`` shows
+        each as a line ``<task> <override>``."""
+        return []
+
     def load_split(self, split: Split) -> list[Example]:
         raise NotImplementedError
 

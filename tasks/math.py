@@ -163,9 +163,9 @@ _WORKER_SOURCE = r"""
 import sys
 
 sys.path[:] = [p for p in sys.path if p not in ("", ".")] + [sys.argv[2]]  # the repository last: bench.sandbox only
-import json, logging, math, os, resource
+import json, logging, math, os
 
-from bench.sandbox import limit_cpu
+from bench.sandbox import limit_cpu, limit_memory
 
 proto = os.fdopen(os.dup(1), "wb", buffering=0)  # the protocol channel; fd 1 then points at stderr (devnull)
 os.dup2(2, 1)
@@ -177,9 +177,7 @@ def send(obj):
 
 
 def main():
-    memory_mb = int(sys.argv[1])
-    if memory_mb > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    limit_memory(int(sys.argv[1]))
     try:
         logging.disable(logging.CRITICAL)
         from math_verify import parse, verify

@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from bench import ROOT
 from bench.config import ConfigError
+from bench.registry import TASKS
 from bench.run.report import report
 from bench.run.sweep import load_plan, load_spec, run_sweep, variants
 from tests.conftest import SMALL
@@ -417,6 +418,7 @@ def test_run_constants_are_params_and_no_metric_repeats_accuracy(warm_sweep):
     tmp, _, client = warm_sweep
     for r in cell_runs(tmp, "warm"):
         assert "data/test_examples" in r.data.params and "data/train_examples" in r.data.params, r.data.params
+        assert r.data.params["data/task_version"] == TASKS.get(r.data.params["task.name"]).version, r.data.params
         assert not [k for k in r.data.metrics if k.startswith("data/")], sorted(r.data.metrics)
         assert "eval/correct" not in r.data.metrics and "eval/accuracy" in r.data.metrics
 

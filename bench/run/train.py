@@ -381,7 +381,10 @@ def _fit(cfg, module, dm, policy, tokenizer, logger, run_dir, uri, resume_dir) -
         logger.experiment.update_run(logger.run_id, status="RUNNING")
         logger.experiment.set_tag(logger.run_id, "resumed", time.strftime("%Y-%m-%dT%H:%M:%S"))
     if resume_dir is None:  # constants of the run: params, not metrics (they would fill the first chart section)
-        logger.log_hyperparams({f"data/{k}": v for k, v in dm.data_stats().items()})
+        # the task's version (its data, prompts and reward; reasoning-gym's names its release and parameters): runs
+        # compare only when it matches
+        stats = {f"data/{k}": v for k, v in dm.data_stats().items()}
+        logger.log_hyperparams({**stats, "data/task_version": dm.version})
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     module.checkpoint_path = ckpt
     callbacks = [_Interrupted(ckpt, logger)]
