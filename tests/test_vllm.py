@@ -396,7 +396,26 @@ def test_evaluation_through_the_engine_equals_the_policys(store):
     assert outcomes["policy"] == outcomes["rollout"]
 
 
-# last in this file: a second engine in one process tears down vLLM's process groups when it is freed, and the
+@needs_vllm
+def test_seeded_sampling_of_more_prompt_tokens_than_one_engine_step_takes(tiny, tmp_path):
+    """More prompt tokens in one call than one engine step takes (G copies of each prompt): on CPU with chunked
+    prefill vLLM split a prompt, then rewound the seeded generator of the token it discarded, which a CPU generator
+    cannot ("CPU Generator does not use offset": SmolLM2 on DialogSum stopped at its first rollout). Here the step
+    budget is the engine's context, 256 tokens, and 6 prompts x 8 samples hold far more."""
+    cfg, policy, tokenizer, _ = tiny
+    engine = V.VLLMEngine(policy, tmp_path / "engine", dtype="float32", max_model_len=256, seed=0, gpu_memory=0.3,
+                          cpu_kv_gb=1, batched_tokens=256)  # fmt: skip
+    prompts = _prompts(cfg, tokenizer, 6)
+    assert int(prompts["prompt_mask"].sum()) * 8 > 256
+    gen = engine.generate(prompts["prompt_ids"], prompts["prompt_mask"], group_size=8,
+                          **_sampling(tokenizer, list(range(6)), 8))  # fmt: skip
+    assert gen.completion_ids.shape[0] == 48 and bool((gen.lengths > 0).all())
+    again = engine.generate(prompts["prompt_ids"], prompts["prompt_mask"], group_size=8,
+                            **_sampling(tokenizer, list(range(6)), 8))  # fmt: skip
+    assert torch.equal(gen.completion_ids, again.completion_ids)  # seeded: the same samples
+
+
+# last in this file (with the test above): a second engine in one process tears down vLLM's process groups when it is freed, and the
 # module's engine (the `tiny` fixture) cannot sample after that
 @needs_vllm
 @pytest.mark.slow

@@ -173,7 +173,7 @@ class VLLMEngine:
     """One in-process vLLM engine holding the behaviour policy's weights in ``dtype``."""
 
     def __init__(self, policy, folder: Path, *, dtype: str, max_model_len: int, seed: int, gpu_memory: float,
-                 cpu_kv_gb: int):  # fmt: skip
+                 cpu_kv_gb: int, batched_tokens: int = 8192):  # fmt: skip
         require()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
         on_gpu = torch.cuda.is_available() and next(policy.parameters()).is_cuda
@@ -188,7 +188,12 @@ class VLLMEngine:
 
         save_file({n: t.contiguous() for n, t in merged_state_dict(policy).items()}, str(folder / "model.safetensors"))
         t0 = time.perf_counter()
-        kw = {"gpu_memory_utilization": gpu_memory} if on_gpu else {}
+        # NOTE(deviation): on CPU every prompt is prefilled whole (no chunked prefill). vLLM rewinds a seeded
+        # request's random generator when it discards the token sampled after a partial (chunked) prefill, and a CPU
+        # generator has no offset to rewind: "CPU Generator does not use offset" stopped SmolLM2 on DialogSum (8 x 8,
+        # ~300-token prompts) at its first rollout
+        kw = {"gpu_memory_utilization": gpu_memory} if on_gpu else {
+            "enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, batched_tokens)}  # fmt: skip
         device = next(policy.parameters()).device
         executor, env = executor_args(on_gpu, dist.rank(), dist.world(), device.index or 0)
         os.environ.update(env)
