@@ -66,6 +66,11 @@ MAX_ANSWER_CHARS = 4_096
 OPEN, CLOSE = "<answer>", "</answer>"
 INSTRUCTION = f"Give only the final answer, between {OPEN} and {CLOSE}."
 
+ANY_ANSWER_WINS = {
+    "game_of_life_halting": "its verifier compares bool(answer) with bool(gold), and both golds are non-empty strings, "
+    "so every non-empty answer scores 1",
+}
+"""Generators whose verifier scores a wrong answer 1 (reasoning-gym 0.1.25): refused, as RL on them rewards anything."""
 EVAL_VERIFIERS = frozenset({"string_insertion", "spiral_matrix", "binary_matrix", "n_queens"})
 """Generators whose ``score_answer`` passes the answer to ``eval`` (reasoning-gym 0.1.25, read from its source)."""
 PARSE_EXPR_VERIFIERS = frozenset({"simple_integration", "intermediate_integration", "polynomial_multiplication",
@@ -162,17 +167,20 @@ def guard_sinks():
 
     real_parse = sympy_parser.parse_expr
 
-    def tainted(text):
-        # text that carries the answer under scoring: the answer itself, or any of its names of two or more
-        # characters (a verifier may strip or rewrite the answer before it evals it). The gold answer, the item's
-        # metadata and sympy's own strings (its unit names) pass untouched unless the answer shares their names.
-        answer = current["answer"]
-        names = {n for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", answer) if len(n) > 1}
-        return bool(answer.strip()) and (answer.strip() in text or any(n in text for n in names))
+    def tainted(text, check):
+        # text that may carry a dangerous answer: only when the answer under scoring fails the sink's own check (a
+        # safe answer adds nothing dangerous to what trusted code builds from it), and then the answer itself or any
+        # of its names of two or more characters appears in the text (a verifier may strip or rewrite the answer
+        # first). The gold, the item's metadata and sympy's own strings (its unit names) pass untouched otherwise.
+        answer = current["answer"].strip()
+        if not answer or check(answer):
+            return False
+        names = {n for n in re.findall(r"(?<![0-9A-Za-z_])[A-Za-z_][A-Za-z_0-9]*", answer) if len(n) > 1}
+        return answer in text or any(n in text for n in names)
 
     def guard(sink, check, call):
         def guarded(source, *args, **kwargs):
-            if not isinstance(source, str) or not tainted(source) or check(source):
+            if not isinstance(source, str) or check(source) or not tainted(source, check):
                 return call(source, *args, **kwargs)
             refused.append(sink)
             raise ValueError(f"refused: {sink}")
@@ -181,10 +189,12 @@ def guard_sinks():
 
     safe_eval = guard("eval of a non-literal", literal_ok, lambda s, *a, **k: ast.literal_eval(s) if literal_ok(s)
                       else builtins.eval(s, *a, **k))
-    safe_compile = guard("compile of the answer", lambda s: False, builtins.compile)
+    safe_compile = guard("compile of the answer", literal_ok, builtins.compile)
     for name, module in list(sys.modules.items()):
         if name.startswith("reasoning_gym"):  # a module global shadows the builtin for the verifiers' own calls
-            module.eval, module.compile = safe_eval, safe_compile
+            for attr, fn in (("eval", safe_eval), ("compile", safe_compile)):
+                if attr not in vars(module):  # not a module's own function of that name (bfit's compile)
+                    setattr(module, attr, fn)
         if getattr(module, "parse_expr", None) is real_parse:
             module.parse_expr = guard("parse_expr of a non-expression", expression_ok, real_parse)
     sympy_parser.parse_expr = sympy.parse_expr = guard("parse_expr of a non-expression", expression_ok, real_parse)
@@ -315,6 +325,9 @@ class ReasoningGym(Task):
                 f"task.dataset={cfg.dataset!r} is not a reasoning-gym generator; nearest: {near}. "
                 f"Available ({len(names)}): python -m bench list"
             )
+        if cfg.dataset in ANY_ANSWER_WINS:
+            raise ValueError(f"task.dataset={cfg.dataset} is refused: {ANY_ANSWER_WINS[cfg.dataset]} (reasoning-gym "
+                             f"{rg_version()}). Choose another generator (python -m bench list).")  # fmt: skip
         check_params(cfg.dataset, dict(cfg.params))
         _SHARED.configure(_SHARED.settings["max_workers"], cfg.worker_memory_mb)
         super().__init__(cfg, *args, **kwargs)
@@ -379,6 +392,9 @@ class ReasoningGym(Task):
         answer = extract_answer(completion)
         if answer is None:
             return result("no answer", None)
+        if not answer:
+            # NOTE(deviation): several verifiers give an empty answer a format credit (0.01-0.05); here it scores 0
+            return result("empty answer", answer)
         if len(answer) > MAX_ANSWER_CHARS:
             return result(f"answer too long (> {MAX_ANSWER_CHARS} chars)", answer, 1.0)
         split = example.data["split"]

@@ -415,8 +415,8 @@ def test_seeded_sampling_of_more_prompt_tokens_than_one_engine_step_takes(tiny, 
     assert torch.equal(gen.completion_ids, again.completion_ids)  # seeded: the same samples
 
 
-# last in this file (with the test above): a second engine in one process tears down vLLM's process groups when it is freed, and the
-# module's engine (the `tiny` fixture) cannot sample after that
+# last in this file (with the test above): a second engine in one process tears down vLLM's process groups when it
+# is freed, and the module's engine (the `tiny` fixture) cannot sample after that
 @needs_vllm
 @pytest.mark.slow
 def test_engine_greedy_completions_equal_the_hf_engines_on_smollm2(tmp_path):
