@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -21,9 +22,10 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from bench import ROOT
-from bench.config import compose
-from bench.engine.policy import completion_logprobs, load_policy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the package, not scripts/bench.py
+from bench import ROOT  # noqa: E402
+from bench.config import compose  # noqa: E402
+from bench.engine.policy import completion_logprobs, load_policy  # noqa: E402
 
 GROUPS = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul"),

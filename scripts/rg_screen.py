@@ -15,16 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from bench import ROOT
-from bench.config import compose
-from bench.engine.policy import load_policy
-from bench.registry import TASKS
-from bench.rl.module import PolicyModule
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the package, not scripts/bench.py
+from bench import ROOT  # noqa: E402
+from bench.config import compose  # noqa: E402
+from bench.engine.policy import load_policy  # noqa: E402
+from bench.registry import TASKS  # noqa: E402
+from bench.rl.module import PolicyModule  # noqa: E402
 
 # (generator, its parameters): easy settings first; two or three difficulties per generator
 SETTINGS = [
