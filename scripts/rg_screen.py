@@ -70,7 +70,7 @@ def evaluate(cfg, init: Path | None) -> dict:
     n = len(task.eval_examples())
     acc = m["eval/accuracy"]
     return {"accuracy": acc, "se": math.sqrt(max(acc * (1 - acc), 1e-12) / n), "n": n,
-            "format": m.get("eval/format", float("nan")), "seconds": time.perf_counter() - t0}  # fmt: skip
+            "format": m.get("eval/format", m["eval/reward_mean"]),  # logged only where it differs from the score "seconds": time.perf_counter() - t0}  # fmt: skip
 
 
 def main() -> None:
@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--sft", type=int, default=0, help="SFT warm starts for this many of the best settings")
     ap.add_argument("--sft-steps", type=int, default=120)
     ap.add_argument("--sft-n", type=int, default=200, help="problems per setting after SFT")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N settings (a smoke run)")
     ap.add_argument("--out", default=str(ROOT / "results" / "rg_screen"))
     ap.add_argument("rest", nargs="*", help="config overrides for every run (e.g. trainer.precision=bf16-mixed)")
     ns = ap.parse_args()
@@ -90,7 +91,8 @@ def main() -> None:
     rows, t0 = [], time.time()
     state = out / "screen.json"
     done = {json.dumps(r["setting"]): r for r in json.loads(state.read_text())} if state.exists() else {}
-    for i, (dataset, params) in enumerate(SETTINGS):
+    settings = SETTINGS[: ns.limit]
+    for i, (dataset, params) in enumerate(settings):
         key = json.dumps([dataset, params])
         if key in done and "zero_shot" in done[key]:
             rows.append(done[key])
@@ -99,8 +101,8 @@ def main() -> None:
         r = {"setting": [dataset, params], "zero_shot": evaluate(cfg, None)}
         rows.append(r)
         state.write_text(json.dumps(rows, indent=1))
-        left = (time.time() - t0) / (i + 1) * (len(SETTINGS) - i - 1)
-        print(f"[{i + 1}/{len(SETTINGS)}] {dataset} {params}: zero-shot {r['zero_shot']['accuracy']:.3f} "
+        left = (time.time() - t0) / (i + 1) * (len(settings) - i - 1)
+        print(f"[{i + 1}/{len(settings)}] {dataset} {params}: zero-shot {r['zero_shot']['accuracy']:.3f} "
               f"(format {r['zero_shot']['format']:.2f}) ~{left / 60:.0f} min left", flush=True)  # fmt: skip
     if ns.sft:
         best = sorted(rows, key=lambda r: -r["zero_shot"]["accuracy"])[: ns.sft]
