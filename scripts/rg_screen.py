@@ -70,7 +70,8 @@ def evaluate(cfg, init: Path | None) -> dict:
     n = len(task.eval_examples())
     acc = m["eval/accuracy"]
     return {"accuracy": acc, "se": math.sqrt(max(acc * (1 - acc), 1e-12) / n), "n": n,
-            "format": m.get("eval/format", m["eval/reward_mean"]),  # logged only where it differs from the score "seconds": time.perf_counter() - t0}  # fmt: skip
+            "format": m.get("eval/format", m["eval/reward_mean"]),  # logged only where it differs from the score
+            "seconds": time.perf_counter() - t0}  # fmt: skip
 
 
 def main() -> None:
