@@ -67,6 +67,34 @@ _AUDIT_DENIED = ("os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork"
                  "signal.pthread_kill", "ctypes.dlopen", "webbrowser.open", "urllib.Request")  # fmt: skip
 
 
+# ---- what an eval or a parser may be given (workers that run a dependency's verifier on model output) ----------------
+def literal_ok(text: str) -> bool:
+    """``text`` is a plain Python literal (numbers, strings, lists, tuples, dicts, sets of them): ``eval`` of it
+    computes what ``ast.literal_eval`` does, and nothing else."""
+    import ast
+
+    try:
+        ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def expression_ok(text: str) -> bool:
+    """``text`` is an expression of numbers, operators, brackets, commas and allowed names (single letters, the
+    elementary functions, ``pi``, ``E``, ``I``, ``oo``, ``Integral``, which some golds hold): what sympy's
+    ``parse_expr`` may be given."""
+    import re
+
+    allowed = {"sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "sinh", "cosh", "tanh", "exp", "log",
+               "ln", "sqrt", "pi", "E", "I", "Abs", "oo", "Integral"}  # fmt: skip
+    if len(text) > 4096 or "__" in text or not re.fullmatch(r"[0-9A-Za-z_ .,+\-*/^()]*", text):
+        return False
+    if re.search(r"[A-Za-z_)]\s*\.\s*[A-Za-z_]", text):  # attribute access (a decimal point is digits either side)
+        return False
+    return all(len(n) == 1 or n in allowed for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", text))
+
+
 class ConfinementError(RuntimeError):
     """A worker could not confine itself (no libseccomp): it refuses to start rather than run untrusted input
     unconfined."""

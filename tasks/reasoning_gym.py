@@ -56,7 +56,7 @@ from functools import cache
 from typing import Any
 
 from bench import ROOT
-from bench.sandbox import SharedPool, WorkerPool
+from bench.sandbox import SharedPool, WorkerPool, expression_ok, literal_ok  # noqa: F401 (re-exported)
 from bench.task import Example, RewardResult, Split, Task, TaskConfig
 
 MAX_SCAN_CHARS = 32_768
@@ -100,58 +100,29 @@ def extract_answer(completion: str) -> str | None:
 # ``python -c <source> <memory_mb> <repo root>``: imports reasoning-gym (every generator, so no import happens after
 # confinement), guards the sinks, confines itself, then answers one JSON request per line: {"key": [dataset, params,
 # seed, size], "index": i, "answer": s, "cpu": budget} -> {"status": "ok", "score": x, "refused": [...]} |
-# {"status": "error", "error": name}. ``literal_ok`` and ``expression_ok`` are sent to the worker as source.
-def literal_ok(text: str) -> bool:
-    """``text`` is a plain Python literal (numbers, strings, lists, tuples, dicts, sets of them): ``eval`` of it
-    computes what ``ast.literal_eval`` does, and nothing else."""
-    import ast
-
-    try:
-        ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return False
-    return True
-
-
-def expression_ok(text: str) -> bool:
-    """``text`` is an expression of numbers, operators, brackets, commas and allowed names (single letters, the
-    elementary functions, ``pi``, ``E``, ``I``, ``oo``, ``Integral``, which some golds hold): what sympy's
-    ``parse_expr`` may be given."""
-    import re
-
-    allowed = {"sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "sinh", "cosh", "tanh", "exp", "log",
-               "ln", "sqrt", "pi", "E", "I", "Abs", "oo", "Integral"}  # fmt: skip
-    if len(text) > 4096 or "__" in text or not re.fullmatch(r"[0-9A-Za-z_ .,+\-*/^()]*", text):
-        return False
-    if re.search(r"[A-Za-z_)]\s*\.\s*[A-Za-z_]", text):  # attribute access (a decimal point is digits either side)
-        return False
-    return all(len(n) == 1 or n in allowed for n in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", text))
-
-
-def make_dataset(name: str, params: dict, seed: int, size: int):
-    """reasoning-gym's dataset for (name, params, seed, size); a composite's ``datasets`` given as plain dicts."""
-    from reasoning_gym.composite import DatasetSpec
-    from reasoning_gym.factory import create_dataset
-
-    if name == "composite" and params.get("datasets"):  # its config takes DatasetSpec objects, not mappings
-        params = {**params, "datasets": [d if isinstance(d, DatasetSpec) else DatasetSpec(**d) for d in
-                                         params["datasets"]]}  # fmt: skip
-    return create_dataset(name, seed=seed, size=size, **params)
-
-
+# {"status": "error", "error": name}. The guards (literal_ok, expression_ok) are bench/sandbox.py's.
 _WORKER_SOURCE = r"""
 import sys
 
 sys.path[:] = [p for p in sys.path if p not in ("", ".")] + [sys.argv[2]]
 import ast, builtins, json, os, re
 
-from bench.sandbox import confine, limit_cpu, limit_memory
+from bench.sandbox import confine, expression_ok, limit_cpu, limit_memory, literal_ok
 
 proto = os.fdopen(os.dup(1), "wb", buffering=0)  # the protocol channel; fd 1 then points at stderr (devnull)
 os.dup2(2, 1)
 sys.stdout = sys.stderr
 refused = []
 current = {"answer": ""}  # the answer under scoring (the guards refuse what carries it unless it is safe)
+
+
+def make_dataset(name, params, seed, size):
+    from reasoning_gym.composite import DatasetSpec
+    from reasoning_gym.factory import create_dataset
+
+    if name == "composite" and params.get("datasets"):  # its config takes DatasetSpec objects, not mappings
+        params = {**params, "datasets": [DatasetSpec(**d) for d in params["datasets"]]}
+    return create_dataset(name, seed=seed, size=size, **params)
 
 
 def send(obj):
@@ -214,7 +185,6 @@ def main():
                     pass
         import sympy
         sympy.parse_expr("x**2 + sin(x)")
-        exec(GUARD_SOURCE, globals())
         confine()  # before the guards: pyseccomp's own import runs exec
         guard_sinks()
     except BaseException as e:
@@ -252,10 +222,7 @@ main()
 
 
 def _worker_command(memory_mb: int) -> list[str]:
-    import inspect
-
-    guards = "\n\n".join(inspect.getsource(f) for f in (literal_ok, expression_ok, make_dataset))
-    return [sys.executable, "-c", f"GUARD_SOURCE = {guards!r}\n" + _WORKER_SOURCE, str(int(memory_mb)), str(ROOT)]
+    return [sys.executable, "-c", _WORKER_SOURCE, str(int(memory_mb)), str(ROOT)]
 
 
 def _worker_env() -> dict[str, str]:
