@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -88,10 +88,10 @@ class RolloutConfig:
     they match the training forward within ``logp_tolerance`` (else the forward is kept)."""
     logp_tolerance: float = 1e-4
     """Largest |sampler − trainer| log-prob gap for which ``logp_from_sampler`` takes the sampler's values."""
-    sampler_dtype: str = "float32"
+    sampler_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """float32 | bfloat16: sample from a copy of the policy's weights in this precision, refreshed every step (the
     learner's log π_old stays float32; the gap to the sampler's log μ is the training-inference mismatch)."""
-    sampler_attention: str = "model"
+    sampler_attention: Literal["model", "eager", "sdpa"] = "model"
     """model | eager | sdpa: the attention kernel of the sampler's copy (model: the policy's own). Any value but model
     gives the sampler its own copy, so its log μ may differ from log π_old by kernel rounding. On this CPU, eager
     sampled SmolLM2 1.29-1.47x faster than SDPA from bfloat16 weights on unpadded prompts (SDPA's unmasked bfloat16
@@ -99,7 +99,7 @@ class RolloutConfig:
     staleness: int = 0
     """k: step s samples with the policy's weights of step max(0, s − k), as a k-step asynchronous pipeline does
     (0: on-policy). The learner recomputes log π_old with its current weights."""
-    prompt_pool: str = "all"
+    prompt_pool: Literal["all", "solvable"] = "all"
     """all | solvable: the train prompts RL draws from. solvable: before the first step the starting policy samples
     ``pool_samples`` completions (at ``temperature``) for each of ``pool_screened`` train prompts drawn by the run's
     seed, and RL draws only from those it answered right at least once: an offline pass-rate filter, so that fewer
@@ -109,7 +109,7 @@ class RolloutConfig:
     """Completions per screened prompt for ``prompt_pool=solvable``."""
     pool_screened: int | None = 2048
     """Train prompts screened for ``prompt_pool=solvable`` (None: all of them)."""
-    engine: str = "hf"
+    engine: Literal["hf", "vllm"] = "hf"
     """hf | vllm: what samples the rollouts. hf: the project's KV-cached loop over the transformers model (the policy
     itself, or the copy ``sampler_dtype`` / ``staleness`` / ``sampler_attention`` ask for). vllm: a vLLM engine in this
     process, sent the policy's weights (of ``staleness`` steps ago, in ``sampler_dtype``) before each step's rollouts;
@@ -120,16 +120,10 @@ class RolloutConfig:
     """vllm on CPU: the engine's KV-cache space in whole GiB (VLLM_CPU_KVCACHE_SPACE)."""
 
     def __post_init__(self) -> None:
-        if self.sampler_dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"rollout.sampler_dtype={self.sampler_dtype!r}: choose float32, bfloat16 or float16")
-        if self.sampler_attention not in ("model", "eager", "sdpa"):
-            raise ValueError(f"rollout.sampler_attention={self.sampler_attention!r}: choose model, eager or sdpa")
         if self.staleness < 0:
             raise ValueError(
                 f"rollout.staleness must be >= 0 (updates between sampling and training), got {self.staleness}"
             )
-        if self.engine not in ("hf", "vllm"):
-            raise ValueError(f"rollout.engine={self.engine!r}: choose hf or vllm")
         if self.engine == "vllm" and self.sampler_attention != "model":
             raise ValueError(
                 f"rollout.sampler_attention={self.sampler_attention!r} chooses the hf sampler's attention kernel; "
@@ -137,8 +131,6 @@ class RolloutConfig:
             )
         if self.engine == "vllm" and self.sampler_dtype == "float16":
             raise ValueError("rollout.engine=vllm samples in float32 or bfloat16 (rollout.sampler_dtype), not float16")
-        if self.prompt_pool not in ("all", "solvable"):
-            raise ValueError(f"rollout.prompt_pool={self.prompt_pool!r}: choose all or solvable")
         if self.pool_samples < 1 or (self.pool_screened is not None and self.pool_screened < self.prompts_per_step):
             raise ValueError(
                 f"rollout.pool_samples must be >= 1 and rollout.pool_screened >= rollout.prompts_per_step "
@@ -219,12 +211,12 @@ class TrainerConfig:
     each rank samples and trains its share of every step's groups, batch statistics are reduced (bench/dist.py)."""
     num_nodes: int = 1
     """Machines (torchrun --nnodes, SLURM, or MASTER_ADDR / NODE_RANK for Lightning's own launcher)."""
-    strategy: str = "auto"
+    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
     """auto (ddp when devices x num_nodes > 1) | ddp | fsdp: Lightning's strategy."""
     precision: str = "32-true"
     """32-true | bf16-mixed: Lightning's precision. bf16-mixed: bfloat16 autocast (matmuls and attention in bfloat16)
     over float32 master weights and optimizer state; log-probs, entropies, ratios, KL and the value head from float32
-    (README, "Precision")."""
+    (docs/engines.md, "Precision")."""
     num_threads: int | None = None
     """torch threads (None: torch's default)."""
     progress_bar: bool = True
@@ -232,8 +224,6 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.devices < 1 or self.num_nodes < 1:
             raise ValueError(f"trainer.devices and trainer.num_nodes must be >= 1: {self.devices}, {self.num_nodes}")
-        if self.strategy not in ("auto", "ddp", "fsdp"):
-            raise ValueError(f"trainer.strategy={self.strategy!r}: choose auto, ddp or fsdp")
         if self.precision not in PRECISIONS:
             why = PRECISIONS_REFUSED.get(self.precision, "not a precision this harness runs")
             raise ValueError(f"trainer.precision={self.precision!r}: {why}. Choose {' or '.join(PRECISIONS)}")
@@ -260,7 +250,7 @@ class EvalConfig:
     """Completions per generate call (a sampled chunk holds batch_size // k problems)."""
     samples_logged: int = 16
     """Completions logged as an MLflow table at each evaluation."""
-    engine: str = "policy"
+    engine: Literal["policy", "rollout"] = "policy"
     """policy | rollout: what generates the evaluation's completions. policy: the hf loop over the policy (float32).
     rollout: the rollout engine (with rollout.engine=vllm: the vLLM engine, sent the current weights first)."""
 
@@ -276,8 +266,6 @@ class EvalConfig:
             raise ValueError(f"eval.pass_k values must be >= 1, got {list(self.pass_k)}")
         if self.batch_size < 1:
             raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
-        if self.engine not in ("policy", "rollout"):
-            raise ValueError(f"eval.engine={self.engine!r}: choose policy or rollout")
 
 
 @dataclass
@@ -299,6 +287,10 @@ class WarmStartConfig:
     """SFT optimizer steps for init=sft."""
     overrides: list[str] = field(default_factory=list)
     """Dotlist applied to the SFT config (after conf/algorithm/sft.yaml)."""
+    seed: int | None = None
+    """The warm start's seed. None: the run's own (each seed its own warm start, so seeds vary the warm start too); a
+    number: one warm start shared by every seed, which then varies only the RL (cheaper on a large model; the
+    intervals then leave the warm start's variance out)."""
 
 
 @dataclass
@@ -484,6 +476,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "trainer.devices": 1,
     "trainer.num_nodes": 1,
     "trainer.strategy": "auto",
+    "warm_start.seed": None,
 }
 _ABSENT = object()
 

@@ -79,6 +79,12 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--n", type=int, default=48, help="zero-shot problems per setting")
     ap.add_argument("--sft", type=int, default=0, help="SFT warm starts for this many of the best settings")
+    ap.add_argument(
+        "--sft-on",
+        default=None,
+        help="comma-separated setting numbers (as printed, from 1) to warm-start instead of the best by "
+        "zero-shot accuracy (which ties at 0 where the model never writes the tags)",
+    )
     ap.add_argument("--sft-steps", type=int, default=120)
     ap.add_argument("--sft-n", type=int, default=200, help="problems per setting after SFT")
     ap.add_argument("--limit", type=int, default=None, help="only the first N settings (a smoke run)")
@@ -106,7 +112,10 @@ def main() -> None:
         print(f"[{i + 1}/{len(settings)}] {dataset} {params}: zero-shot {r['zero_shot']['accuracy']:.3f} "
               f"(format {r['zero_shot']['format']:.2f}) ~{left / 60:.0f} min left", flush=True)  # fmt: skip
     if ns.sft:
-        best = sorted(rows, key=lambda r: -r["zero_shot"]["accuracy"])[: ns.sft]
+        if ns.sft_on:
+            best = [rows[int(i) - 1] for i in ns.sft_on.split(",")]
+        else:
+            best = sorted(rows, key=lambda r: -r["zero_shot"]["accuracy"])[: ns.sft]
         from bench.run.train import ensure_sft
 
         for j, r in enumerate(best):
@@ -133,7 +142,8 @@ def write(rows: list[dict], out: Path, ns) -> None:
         band = "yes" if 0.15 <= (s or z)["accuracy"] <= 0.70 else ""
         lines.append(f"| {r['setting'][0]} | `{json.dumps(r['setting'][1])}` | {z['accuracy']:.3f} ± {z['se']:.3f} "
                      f"({z['n']}) | {z['format']:.2f} | {after} | {band} |")  # fmt: skip
-    cmd = f"python scripts/rg_screen.py --sft {ns.sft} --sft-steps {ns.sft_steps} {' '.join(ns.rest)}".strip()
+    pick = f" --sft-on {ns.sft_on}" if ns.sft_on else ""
+    cmd = f"python scripts/rg_screen.py --sft {ns.sft}{pick} --sft-steps {ns.sft_steps} {' '.join(ns.rest)}".strip()
     (out / "screen.md").write_text(
         f"# Where SmolLM2-135M can learn: reasoning-gym settings\n\n`{cmd}`\n\nGreedy, {ns.n} problems zero-shot "
         "(± one binomial standard error), answers in <answer> tags scored by the generator's own verifier.\n\n"

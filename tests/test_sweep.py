@@ -174,6 +174,31 @@ def test_named_variants_run_an_algorithm_with_overrides_under_their_own_name(tmp
         load_plan(str(bad))
 
 
+def test_named_task_settings_run_a_task_with_overrides_as_tasks_of_their_own(tmp_path):
+    """tasks: {rg_sum: {task: reasoning_gym, overrides: [task.dataset=chain_sum, ...]}} on the task axis: its cells run
+    that task with those overrides, the report groups them under the setting's name, and warm_start.seed shares one
+    SFT warm start across seeds (its key names that seed, not the run's)."""
+    p = write_sweep(
+        tmp_path,
+        "named_tasks",
+        {"algorithm": ["grpo"], "task": ["rg_sum", "rg_gcd", "countdown"], "seed": [0, 1]},
+        tasks={"rg_sum": {"task": "reasoning_gym", "overrides": ["task.dataset=chain_sum", "task.params.min_terms=2"]},
+               "rg_gcd": {"task": "reasoning_gym", "overrides": ["task.dataset=gcd"]}},
+    )  # fmt: skip
+    _, cells = load_plan(str(p), ["warm_start.seed=7"])
+    by = {(c.axes["task"], c.cfg.seed): c for c in cells}
+    assert by[("rg_sum", 0)].cfg.task.name == "reasoning_gym" and by[("rg_sum", 0)].cfg.task.dataset == "chain_sum"
+    assert by[("rg_sum", 0)].cfg.task.params == {"min_terms": 2}
+    assert by[("rg_gcd", 1)].cfg.task.dataset == "gcd" and by[("countdown", 0)].cfg.task.name == "countdown"
+    assert {c.where for c in cells} == {"rg_sum", "rg_gcd", "countdown"}
+    assert by[("rg_sum", 0)].name == "rg_sum-grpo-s0" and by[("rg_sum", 0)].id != by[("rg_gcd", 0)].id
+    assert {c.cfg.warm_start.seed for c in cells} == {7}
+    bad = write_sweep(tmp_path, "named_tasks_bad", {"algorithm": ["grpo"], "task": ["x"]},
+                      tasks={"x": {"task": "countdwn", "overrides": []}})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"unknown task 'countdwn'.*Did you mean 'countdown'"):
+        load_plan(str(bad))
+
+
 def test_plan_rejects_a_bad_axis_key_naming_the_axis(tmp_path):
     p = write_sweep(tmp_path, "bad", {"algorithm": ["grpo"], "algorithm.clip_eps_hihg": [0.2]})
     with pytest.raises(ConfigError, match=r"axis 'algorithm.clip_eps_hihg' is not a config key.*clip_eps_high"):

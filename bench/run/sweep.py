@@ -115,6 +115,14 @@ class Variant:
 
 
 @dataclass
+class TaskVariant:
+    task: str = "???"
+    """The task file (tasks/<name>.py) the setting runs."""
+    overrides: list[str] = field(default_factory=list)
+    """key=value applied to the setting's cells after the sweep's shared overrides (e.g. a generator's parameters)."""
+
+
+@dataclass
 class SweepSpec:
     name: str = ""
     description: str = ""
@@ -131,6 +139,9 @@ class SweepSpec:
     """Named variants, usable as values of the algorithm axis: name -> an algorithm and overrides applied to its cells
     after the algorithm's own (e.g. grpo_partial: GRPO rewarded with the partial score). The report labels its rows
     with the name."""
+    tasks: dict[str, TaskVariant] = field(default_factory=dict)
+    """Named task settings, usable as values of the task axis: name -> a task and overrides (e.g. rg_arith:
+    reasoning_gym with one generator and its difficulty). The report analyses each as a task of its own, by name."""
     experiment: str | None = None
     """MLflow experiment; None: sweep-<name>."""
     launcher: str = "local"
@@ -239,9 +250,13 @@ def plan(spec: SweepSpec, extra: list[str] = ()) -> list[Cell]:
         if any(all(_matches(axes.get(k), v) for k, v in ex.items()) for ex in spec.exclude):
             continue
         variant = spec.variants.get(str(axes.get("algorithm")))
-        selected = {**axes, "algorithm": variant.algorithm} if variant else axes
+        setting = spec.tasks.get(str(axes.get("task")))
+        selected = {**axes, "algorithm": variant.algorithm} if variant else dict(axes)
+        if setting:
+            selected["task"] = setting.task
         args = [_arg(k, v) for k, v in selected.items() if k in SELECTOR_AXES]
-        args += list(spec.overrides) + list(spec.algorithm_overrides.get(str(selected.get("algorithm")), []))
+        args += list(spec.overrides) + (list(setting.overrides) if setting else [])
+        args += list(spec.algorithm_overrides.get(str(selected.get("algorithm")), []))
         args += list(variant.overrides) if variant else []
         args += [_arg(k, v) for k, v in axes.items() if k not in SELECTOR_AXES] + list(extra)
         try:
@@ -262,7 +277,9 @@ def plan(spec: SweepSpec, extra: list[str] = ()) -> list[Cell]:
         seen[cid] = axes
         name = "-".join(str(axes[k]) for k in ("task", "algorithm") if k in axes) or cfg.algorithm.name
         name += "".join(f"-{k.split('.')[-1]}={v}" for k, v in axes.items() if k not in (*SELECTOR_AXES, "seed"))
-        where = cfg.task.name + "".join(f" {setting_name(k)}={axes[k]}" for k in spec.report.settings if k in axes)
+        where = (str(axes["task"]) if setting else cfg.task.name) + "".join(
+            f" {setting_name(k)}={axes[k]}" for k in spec.report.settings if k in axes
+        )
         cells.append(Cell(axes, cfg, cid, f"{name}-s{cfg.seed}", where))
     if not cells:
         raise ConfigError(f"sweep {spec.name}: the grid is empty (every cell excluded?)")
@@ -622,10 +639,12 @@ class Sweep:
                 need = {}
                 for c in todo:
                     if c.cfg.init == "sft":
+                        ws = c.cfg.warm_start
                         key = config_hash(  # what ensure_sft's cache key depends on
-                            {k: c.cfg[k] for k in ("seed", "model", "warm_start")}
-                            | {"task": sft_task(c.cfg.task), "max_new_tokens": c.cfg.rollout.max_new_tokens}
-                        )
+                            {k: c.cfg[k] for k in ("model", "warm_start")}
+                            | {"seed": c.cfg.seed if ws.seed is None else ws.seed, "task": sft_task(c.cfg.task),
+                               "max_new_tokens": c.cfg.rollout.max_new_tokens}
+                        )  # fmt: skip
                         need.setdefault(key, paths[c.id])
                 if need:
                     wp = WarmStartProgress(progress, len(need), workers, {paths[c.id]: c for c in todo})

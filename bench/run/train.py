@@ -186,6 +186,8 @@ def ensure_sft(cfg: DictConfig) -> Path:
     OmegaConf.set_readonly(sft, False)
     keep = {k: cfg[k] for k in ("seed", "model", "tracking", "eval", "output_dir", "cache_dir")}
     keep["task"] = sft_task(cfg.task)  # keys that change only the RL reward at their defaults: one shared warm start
+    if cfg.warm_start.seed is not None:
+        keep["seed"] = cfg.warm_start.seed
     sft = OmegaConf.merge(
         sft,
         keep,
@@ -228,7 +230,7 @@ def cached_run(cfg: DictConfig, run: DictConfig, kind: str, label: str) -> Path:
     run.tracking.parent_run_id = None
     sweep = {k: v for k, v in cfg.tracking.tags.items() if k == "sweep"}  # the sweep that trained it, for provenance
     run.tracking.tags = sweep | {"role": "warm_start", "warm_start.key": key, "warm_start.kind": kind}
-    target = _path(cfg.cache_dir) / kind / f"{cfg.task.name}-{cfg.model.name}-s{cfg.seed}-{key}"
+    target = _path(cfg.cache_dir) / kind / f"{cfg.task.name}-{cfg.model.name}-s{run.seed}-{key}"
     if dist.env_rank(cfg.trainer.devices) > 0:
         return _join_cached_run(run, target)
     target.parent.mkdir(parents=True, exist_ok=True)
