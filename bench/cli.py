@@ -141,27 +141,16 @@ def cmd_report(ns) -> None:
 
 
 def port_holder(port: int) -> str:
-    """Who listens on ``port`` (from /proc: the process's id and command line), or "another process"."""
-    import os
+    """Who listens on ``port`` (psutil: the process's id and command line), or "another process" (e.g. another
+    user's, whose owner psutil may not see)."""
+    import psutil
 
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            for line in open(table).read().splitlines()[1:]:
-                f = line.split()
-                if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == "0A":  # LISTEN
-                    inodes.add(f[9])
-        except OSError:
-            pass
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link.startswith("socket:[") and link[8:-1] in inodes:
-                    cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-                    return f"process {pid} ({cmd.strip()[:120]})"
-        except OSError:
-            continue
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                return f"process {c.pid} ({' '.join(psutil.Process(c.pid).cmdline())[:120]})"
+    except (psutil.Error, OSError):
+        pass
     return "another process"
 
 

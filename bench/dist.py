@@ -32,6 +32,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 collective_s = 0.0  # seconds this process has spent in the collectives below (time/collectives per step)
 _depth = 0
@@ -170,15 +171,21 @@ def gather_rows(x: torch.Tensor, pad_value=0, left: bool = False) -> tuple[torch
     shapes = gather_objects(tuple(x.shape))
     rows = [s[0] for s in shapes]
     width = max(s[1] for s in shapes) if x.dim() > 1 else None
-    if width is not None and x.shape[1] < width:
-        pad = x.new_full((x.shape[0], width - x.shape[1], *x.shape[2:]), pad_value)
-        x = torch.cat([pad, x], 1) if left else torch.cat([x, pad], 1)
-    most = max(rows)
-    if x.shape[0] < most:  # all_gather needs equal shapes: pad rows, cut them off after
-        x = torch.cat([x, x.new_full((most - x.shape[0], *x.shape[1:]), pad_value)])
+    x = pad_for_gather(x, width, max(rows), pad_value, left)  # all_gather needs equal shapes: rows cut off after
     out = [torch.empty_like(x) for _ in range(world())]
     dist.all_gather(out, x.contiguous())
     return torch.cat([o[:n] for o, n in zip(out, rows, strict=True)]), rows
+
+
+def pad_for_gather(x: torch.Tensor, width: int | None, rows: int, value, left: bool = False) -> torch.Tensor:
+    """``x`` padded with ``value`` to ``width`` columns (dim 1, on the left or the right; None: 1-D, no columns) and
+    ``rows`` rows (dim 0, at the end); trailing dims untouched."""
+    after = [0, 0] * max(x.dim() - 2, 0)  # F.pad lists the last dim first
+    if width is not None and x.shape[1] < width:
+        x = F.pad(x, [*after, *((width - x.shape[1], 0) if left else (0, width - x.shape[1]))], value=value)
+    if x.shape[0] < rows:
+        x = F.pad(x, [0, 0] * (x.dim() - 1) + [0, rows - x.shape[0]], value=value)
+    return x
 
 
 @timed

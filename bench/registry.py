@@ -170,5 +170,5 @@ class Choices(dict):
                 f"{self.field}={value!r} is not a registered choice. Available: {', '.join(self)}."
                 + did_you_mean(str(value), list(self))
                 + f" A new value is one function registered with @{self.where}.register({str(value)!r})"
-                " in an algorithm file (README: 'A new choice')."
+                " in an algorithm file (docs/extending.md: 'A new choice')."
             )

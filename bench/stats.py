@@ -73,8 +73,10 @@ def binomial_se(p: float, n: int) -> float:
 
 def mean_se(x: np.ndarray) -> float:
     """Standard error of a mean of per-problem values (e.g. mean@k): sample sd / sqrt(n)."""
+    from scipy.stats import sem
+
     x = np.asarray(x, dtype=np.float64)
-    return float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else math.nan
+    return float(sem(x)) if len(x) > 1 else math.nan
 
 
 # ---- differences between two variants ----------------------------------------------------------------------------

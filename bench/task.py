@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, IterableDataset
 
 Split = Literal["train", "val", "test"]
@@ -301,17 +303,7 @@ class Task(L.LightningDataModule):
             p = tok(self.render_prompt(e), add_special_tokens=add_special).input_ids
             c = tok(e.demonstration, add_special_tokens=False).input_ids + [tok.eos_token_id]
             rows.append((p, c))
-        width = max(len(p) + len(c) for p, c in rows)
-        # host: the SFT batch: Lightning moves it
-        ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
-        labels = torch.full_like(ids, -100)
-        mask = torch.zeros_like(ids)
-        for i, (p, c) in enumerate(rows):
-            n = len(p) + len(c)
-            ids[i, :n] = torch.tensor(p + c)  # host
-            labels[i, len(p) : n] = torch.tensor(c)  # host
-            mask[i, :n] = 1
-        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        return pad_demonstrations(rows, tok.pad_token_id)
 
     def rl_prompts(self) -> list[Example]:
         """The train problems RL draws its prompts from: all of them, or the pool the algorithm chose."""
@@ -352,6 +344,40 @@ class _Stream(IterableDataset):
             random.Random(f"{self.seed}-{epoch}").shuffle(order)
             yield [self.items[i] for i in order[j * self.batch : (j + 1) * self.batch]]
             k += 1
+
+
+def read_jsonl(path: Path, required: Sequence[str] = (), kind: type = str) -> list[dict]:
+    """The records of a JSONL file (blank lines skipped). A line that is not JSON, not an object, or lacks one of the
+    ``required`` fields as a non-empty ``kind`` fails naming the file, the line and what was expected."""
+    rows = []
+    with Path(path).open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON line ({e})") from None
+            if not isinstance(rec, dict) or not all(_present(rec.get(k), kind) for k in required):
+                want = f"non-empty {kind.__name__} fields {list(required)}" if required else "a JSON object"
+                raise ValueError(f"{path}:{lineno}: expected {want}, got {str(rec)[:300]}")
+            rows.append(rec)
+    return rows
+
+
+def _present(value, kind: type) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool) and (value.strip() != "" if kind is str else True)
+
+
+def pad_demonstrations(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict:
+    """(prompt ids, completion ids) pairs -> the SFT batch: their concatenations right-padded with ``pad_id``,
+    ``labels`` -100 outside the completion, and the attention mask. On the host: Lightning moves the batch."""
+    ids = [torch.tensor(p + c, dtype=torch.long) for p, c in rows]  # host: the SFT batch
+    labels = [torch.tensor([-100] * len(p) + c, dtype=torch.long) for p, c in rows]  # host: the SFT batch
+    mask = [torch.ones(len(p) + len(c), dtype=torch.long) for p, c in rows]  # host: the SFT batch
+    return {"input_ids": pad_sequence(ids, batch_first=True, padding_value=pad_id),
+            "attention_mask": pad_sequence(mask, batch_first=True),
+            "labels": pad_sequence(labels, batch_first=True, padding_value=-100)}  # fmt: skip
 
 
 def sft_task(task_cfg) -> dict:

@@ -133,8 +133,6 @@ class ChainConfig(ProbeConfig):
         super().__post_init__()
         if not 1 <= self.horizon <= 32:
             raise ValueError(f"task.horizon (K, the credit horizon) must be in 1..32, got {self.horizon}")
-        if self.reward not in ("outcome", "partial"):
-            raise ValueError(f"task.reward must be outcome or partial, got {self.reward!r}")
 
 
 class Chain(Task):

@@ -37,7 +37,6 @@ compares exactly (``fractions.Fraction``) instead of with a float tolerance of 1
 from __future__ import annotations
 
 import ast
-import json
 import random
 import re
 from collections import Counter
@@ -45,8 +44,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
+from typing import Literal
 
-from bench.task import Example, RewardResult, Split, Task, TaskConfig, hash_unit
+from bench.task import Example, RewardResult, Split, Task, TaskConfig, hash_unit, read_jsonl
 
 # ---- answer parsing -----------------------------------------------------------------------------------------------
 
@@ -302,15 +302,11 @@ def data_path(data_root: str | None, source: str) -> Path:
 def load_jsonl(path: Path) -> list[tuple[tuple[int, ...], int]]:
     """Rows ``{"target": int, "nums": [int, ...]}``; malformed rows fail loudly with file and line."""
     rows = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            nums, target = rec["nums"], rec["target"]
-            if not (isinstance(target, int) and isinstance(nums, list) and nums and all(type(n) is int for n in nums)):
-                raise ValueError(f"{path}:{lineno}: expected {{'target': int, 'nums': [int, ...]}}, got {rec!r}")
-            rows.append((tuple(nums), target))
+    for lineno, rec in enumerate(read_jsonl(path, ("target",), int), 1):
+        nums, target = rec.get("nums"), rec["target"]
+        if not (isinstance(nums, list) and nums and all(type(n) is int for n in nums)):
+            raise ValueError(f"{path}: record {lineno}: expected {{'target': int, 'nums': [int, ...]}}, got {rec!r}")
+        rows.append((tuple(nums), target))
     return rows
 
 
@@ -383,7 +379,7 @@ class CountdownConfig(TaskConfig):
     equation: every number once, a value other than the target. A partial-demonstration warm start: the model learns
     the format and, from the rest, how to reach a target, but puts mass on wrong answers that RL can move. RL
     prompts and the evaluation are unchanged."""
-    demo_error_mode: str = "replace"
+    demo_error_mode: Literal["replace", "add"] = "replace"
     """replace: a chosen problem's right demonstration is replaced by the wrong one; add: it is kept and the wrong one
     added beside it (the warm start sees every right demonstration, and the chosen problems twice, right and wrong)."""
     test_share: float = 0.15
@@ -401,8 +397,6 @@ class CountdownConfig(TaskConfig):
             raise ValueError(f"need 0 < test_share, 0 <= val_share, sum < 1; got {self.test_share}, {self.val_share}")
         if not 0 <= self.demo_error_rate <= 1:
             raise ValueError(f"task.demo_error_rate must be in [0, 1], got {self.demo_error_rate}")
-        if self.demo_error_mode not in ("replace", "add"):
-            raise ValueError(f"task.demo_error_mode={self.demo_error_mode!r}: choose replace or add")
         for field_name in ("max_number", "max_target", "num_generated"):
             if getattr(self, field_name) < 1:
                 raise ValueError(f"{field_name} must be >= 1, got {getattr(self, field_name)}")

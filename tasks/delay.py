@@ -63,10 +63,6 @@ class DelayConfig(ProbeConfig):
         super().__post_init__()
         if not 0 <= self.horizon <= 256:
             raise ValueError(f"task.horizon (L, the filler length) must be in 0..256, got {self.horizon}")
-        if self.position not in ("end", "start"):
-            raise ValueError(f"task.position must be end or start, got {self.position!r}")
-        if self.filler not in ("fixed", "varied"):
-            raise ValueError(f"task.filler must be fixed or varied, got {self.filler!r}")
 
 
 class Delay(Task):

@@ -80,13 +80,12 @@ through; only the last MAX_SCAN_CHARS characters are searched.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections import deque
 from dataclasses import dataclass
 from fractions import Fraction
 
-from bench.task import Example, RewardResult, Split, Task, TaskConfig
+from bench.task import Example, RewardResult, Split, Task, TaskConfig, read_jsonl
 
 # ---- numbers ------------------------------------------------------------------------------------------------------
 
@@ -323,8 +322,7 @@ class Gsm8k(Task):
         else:
             path = self.data_file("gsm8k", f"{part}.jsonl")
             where = str(path)
-            with path.open(encoding="utf-8") as f:
-                records = [json.loads(line) for line in f if line.strip()]
+            records = read_jsonl(path)
         examples = []
         for i, rec in enumerate(records):
             question, solution = rec.get("question"), rec.get("answer")

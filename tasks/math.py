@@ -65,7 +65,6 @@ than MAX_ANSWER_CHARS score 0 without being parsed (the longest MATH gold answer
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -74,7 +73,7 @@ from typing import Any
 
 from bench import ROOT
 from bench.sandbox import SharedPool, WorkerPool
-from bench.task import Example, RewardResult, Split, Task, TaskConfig
+from bench.task import Example, RewardResult, Split, Task, TaskConfig, read_jsonl
 
 # ---- answer extraction ----------------------------------------------------------------------------------------------
 
@@ -355,11 +354,6 @@ def with_scorable(example: Example, scorable: bool) -> Example:
         demonstration=example.demonstration,
         data={**example.data, "scorable": scorable},
     )
-
-
-def read_jsonl(path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 # ---- DataModule ---------------------------------------------------------------------------------------------------

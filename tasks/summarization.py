@@ -66,16 +66,14 @@ reference in the shipped files is that short).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from rouge_score import rouge_scorer, tokenizers
 
-from bench.task import Example, RewardResult, Split, Task, TaskConfig
+from bench.task import Example, RewardResult, Split, Task, TaskConfig, read_jsonl
 
 # ---- scoring ------------------------------------------------------------------------------------------------------
 
@@ -219,20 +217,6 @@ def xsum_splits(ids: Sequence[str]) -> dict[str, Split]:
 def dialogsum_dev_splits(fnames: Sequence[str]) -> dict[str, Split]:
     """fname -> split for the dev file: the first DIALOGSUM_VAL in hash order are val, the rest train."""
     return {k: "val" if i < DIALOGSUM_VAL else "train" for i, k in enumerate(hash_order("dialogsum", fnames))}
-
-
-def read_jsonl(path: Path, required: Sequence[str]) -> list[dict]:
-    """Rows of a jsonl file; a malformed row fails loudly with file and line."""
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) and rec[k].strip() for k in required):
-                raise ValueError(f"{path}:{lineno}: expected non-empty string fields {list(required)}, got {rec!r}")
-            rows.append(rec)
-    return rows
 
 
 def make_example(corpus: str, key: str, text: str, references: Sequence[str], source: str, **extra) -> Example:

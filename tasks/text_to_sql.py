@@ -75,7 +75,6 @@ reward stays deterministic.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 import sqlite3
@@ -83,6 +82,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import sqlglot
 from sqlglot import exp
@@ -97,7 +97,7 @@ from bench.sqlite_sandbox import (
     uri_quote,
 )
 from bench.sqlite_sandbox import run as sandbox_run
-from bench.task import Example, RewardResult, Split, Task, TaskConfig
+from bench.task import Example, RewardResult, Split, Task, TaskConfig, read_jsonl
 
 # ---- answer extraction --------------------------------------------------------------------------------------------
 
@@ -443,20 +443,6 @@ def _order_key(uid: str) -> str:
     return hashlib.sha256(uid.encode()).hexdigest()
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a jsonl file; a row without db_id/question/query fails loudly with file and line."""
-    rows = []
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            if not all(isinstance(rec.get(k), str) for k in ("db_id", "question", "query")):
-                raise ValueError(f"{path}:{lineno}: expected string db_id, question and query, got {rec!r}")
-            rows.append(rec)
-    return rows
-
-
 def demonstration(query: str) -> str:
     return f"{FENCE}sql\n{query.strip()}\n{FENCE}"
 
@@ -476,7 +462,7 @@ def make_example(uid: str, rec: dict, db_path: Path | str, schema: str = "") -> 
 class TextToSQLConfig(TaskConfig):
     name: str = "text_to_sql"
     """Registry name of the task."""
-    schema_format: str = "compact"
+    schema_format: Literal["compact", "create"] = "compact"
     """How the prompt shows the schema: "compact" (``table(col, col -> other.col)`` per line; the largest Spider
     schema is ~2.5k chars) or "create" (CREATE TABLE statements from sqlite_master; up to ~6.8k chars)."""
     max_schema_chars: int = 4000
@@ -500,8 +486,6 @@ class TextToSQLConfig(TaskConfig):
     """SQLITE_LIMIT_LENGTH: the longest string, blob or row a query may build (Spider values are <= 213 chars)."""
 
     def __post_init__(self) -> None:
-        if self.schema_format not in ("compact", "create"):
-            raise ValueError(f"schema_format must be 'compact' or 'create', got {self.schema_format!r}")
         for field_name in ("max_schema_chars", "plain_prompt_chars", "max_vm_steps", "max_rows", "max_query_chars"):
             if getattr(self, field_name) < 1:
                 raise ValueError(f"{field_name} must be >= 1, got {getattr(self, field_name)}")
@@ -549,7 +533,7 @@ class TextToSQL(Task):
         counts = dict.fromkeys(("dev_rows", "dev_uses_missing_table", "train_rows", "train_missing_db"), 0)
         counts["train_empty_gold_dropped"] = 0
         test = []
-        for i, rec in enumerate(read_jsonl(dev_file)):
+        for i, rec in enumerate(read_jsonl(dev_file, ("db_id", "question", "query"))):
             counts["dev_rows"] += 1
             if rec.get("uses_missing_table"):
                 counts["dev_uses_missing_table"] += 1
@@ -559,7 +543,7 @@ class TextToSQL(Task):
                 raise FileNotFoundError(f"dev.jsonl row {i} needs the database {path}, which does not exist")
             test.append(make_example(f"spider-dev-{i}", rec, path, schema))
         train_all = []
-        for i, rec in enumerate(read_jsonl(train_file)):
+        for i, rec in enumerate(read_jsonl(train_file, ("db_id", "question", "query"))):
             counts["train_rows"] += 1
             path, schema = db_and_schema(rec["db_id"])
             if schema is None:

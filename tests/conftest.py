@@ -18,8 +18,9 @@ if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
 
 # CI draws the same examples on every run (a red CI is then reproducible, never a lucky draw); locally each run
 # explores new examples. Select with HYPOTHESIS_PROFILE=ci (set by .ci/run).
-settings.register_profile("ci", derandomize=True, print_blob=True)
-settings.register_profile("dev", print_blob=True)
+# deadline=None: hypothesis' default 200 ms per example is a machine-speed assertion, and this machine is shared
+settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
+settings.register_profile("dev", print_blob=True, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 SMALL = [
@@ -90,3 +91,31 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"make gpu-check needs this test to run, and it skipped: {reason}"
+
+
+COIN = '''
+from bench.task import RewardResult
+from tasks.countdown import Countdown
+
+
+class Coin(Countdown):
+    """Countdown's prompts; a completion scores 1 when its first character has an even code point (a test task)."""
+
+    def reward(self, example, completion):
+        score = float(bool(completion) and ord(completion[0]) % 2 == 0)
+        return RewardResult(score=score, components={"correct": score})
+'''
+
+
+@pytest.fixture
+def coin(tmp_path):
+    """A dropped-in task (COIN) on which even a random model's rewards vary, so every group carries a gradient."""
+    from bench.registry import TASKS
+
+    d = tmp_path / "pooltasks"
+    d.mkdir()
+    (d / "coin.py").write_text(COIN)
+    TASKS.include(d)
+    yield ["task=coin"]
+    TASKS.dirs.remove(d.resolve())
+    TASKS._classes = None

@@ -125,3 +125,25 @@ def test_setup_cfg_asks_for_the_omegaconf_that_supports_literal_fields():
     lines = [x.split("#")[0].strip() for x in cfg["options"]["install_requires"].splitlines()]
     (req,) = [Requirement(x) for x in lines if x.startswith("omegaconf")]
     assert not req.specifier.contains("2.3.0") and req.specifier.contains("2.4.0"), req
+
+
+@pytest.mark.parametrize(
+    "task,key,bad,valid",
+    [
+        ("countdown", "rollout.sampler_dtype", "fp8", "['float32', 'bfloat16', 'float16']"),
+        ("countdown", "rollout.sampler_attention", "flash", "['model', 'eager', 'sdpa']"),
+        ("countdown", "rollout.prompt_pool", "easy", "['all', 'solvable']"),
+        ("countdown", "trainer.strategy", "deepspeed", "['auto', 'ddp', 'fsdp']"),
+        ("countdown", "task.demo_error_mode", "mix", "['replace', 'add']"),
+        ("chain", "task.reward", "dense", "['outcome', 'partial']"),
+        ("delay", "task.position", "middle", "['end', 'start']"),
+        ("delay", "task.filler", "random", "['fixed', 'varied']"),
+        ("text_to_sql", "task.schema_format", "json", "['compact', 'create']"),
+    ],
+)
+def test_a_value_outside_a_keys_choices_names_the_key_and_the_choices(task, key, bad, valid):
+    """The choice-valued keys are typed Literal (OmegaConf validates them): a bad value fails at start-up naming the
+    key, the value and every valid one."""
+    with pytest.raises(ConfigError) as e:
+        compose(["algorithm=grpo", f"task={task}", f"{key}={bad}"])
+    assert f"'{key}'" in str(e.value) and f"'{bad}'" in str(e.value) and valid in str(e.value), str(e.value)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.config import ConfigError, compose
 from bench.task import Task
 from tasks.countdown import (
     MAX_EXPR_CHARS,
@@ -233,8 +234,8 @@ def test_demo_error_mode_add_keeps_every_right_demonstration_and_adds_the_wrong_
     wrong = [r for r, t in zip(replaced, train, strict=True) if r.demonstration != t.demonstration]
     assert added[len(train) :] == wrong and len(wrong) > 0
     assert all(reward(e, e.demonstration).score == 0.0 for e in added[len(train) :])
-    with pytest.raises(ValueError, match="demo_error_mode='both'"):
-        CountdownConfig(demo_error_mode="both")
+    with pytest.raises(ConfigError, match=r"'task.demo_error_mode'.*'both', expected one of \['replace', 'add'\]"):
+        compose(["algorithm=grpo", "task=countdown", "task.demo_error_mode=both"])
 
 
 def test_default_config_generates_all_splits() -> None:

@@ -1,5 +1,5 @@
 """The GPU path, checked on this CPU (issue 40): where each tensor is made, which device each engine gets, what a Ray
-cell's environment says, and that the README's multi-GPU commands build the runs they promise.
+cell's environment says, and that the manual's multi-GPU commands (docs/devices.md) build the runs they promise.
 
 On a CPU every tensor is on the one device and a tensor made on the wrong one fails nowhere. Two means make such a
 bug fail here: a lint over every tensor constructor in the harness (a constructor without ``device=`` must say why
@@ -161,11 +161,11 @@ def test_float16_mixed_precision_is_refused_with_the_reason():
         compose(["trainer.precision=16-mixed"])
 
 
-# ---- 2: the README's multi-device commands build the runs they say ------------------------------------------------
+# ---- 2: the manual's multi-device commands build the runs they say ------------------------------------------------
 def readme_device_commands() -> list[tuple[str, list[str]]]:
-    """(command, its arguments after `bench train|sweep`) of each command in README's multi-device block."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index("### More than one device")
+    """(command, its arguments after `bench train|sweep`) of each command in docs/devices.md's block."""
+    text = (ROOT / "docs" / "devices.md").read_text()
+    start = text.index("## Commands")
     block = text[text.index("```bash", start) + 7 : text.index("```", text.index("```bash", start) + 7)]
     block = block.replace("\\\n", " ")
     out = []
@@ -177,7 +177,7 @@ def readme_device_commands() -> list[tuple[str, list[str]]]:
     return out
 
 
-def test_the_readmes_multi_gpu_commands_resolve_to_gpu_runs():
+def test_the_manuals_multi_gpu_commands_resolve_to_gpu_runs():
     from bench.run.sweep import load_plan
 
     commands = readme_device_commands()

@@ -16,11 +16,12 @@ from bench.tracking import WARM_START_EXPERIMENT
 
 
 def readme_example(name: str, lang: str = "python") -> str:
-    """The code block between <!-- example-NAME --> and <!-- /example-NAME --> in README.md."""
-    text = (ROOT / "README.md").read_text()
-    block = re.search(rf"<!-- example-{name} -->\s*```{lang}\n(.*?)```\s*<!-- /example-{name} -->", text, re.S)
-    assert block, f"README.md lost its example {name}"
-    return block.group(1)
+    """The code block between <!-- example-NAME --> and <!-- /example-NAME --> in README.md or a page of docs/."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    text = "\n".join(p.read_text() for p in pages)
+    blocks = re.findall(rf"<!-- example-{name} -->\s*```{lang}\n(.*?)```\s*<!-- /example-{name} -->", text, re.S)
+    assert len(blocks) == 1, f"README.md and docs/ hold {len(blocks)} examples named {name}, not one"
+    return blocks[0]
 
 
 def test_readme_example_task_trains_two_steps_via_include(tmp_path, store):

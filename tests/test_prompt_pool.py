@@ -20,30 +20,7 @@ from bench.engine.rollout import generate, sample_seed
 from bench.registry import ALGORITHMS, TASKS
 from bench.run.train import resume, train
 
-COIN = '''
-from bench.task import RewardResult
-from tasks.countdown import Countdown
-
-
-class Coin(Countdown):
-    """Countdown's prompts; a completion scores 1 when its first character has an even code point (a test task)."""
-
-    def reward(self, example, completion):
-        score = float(bool(completion) and ord(completion[0]) % 2 == 0)
-        return RewardResult(score=score, components={"correct": score})
-'''
 POOL = ["rollout.prompt_pool=solvable", "rollout.pool_samples=2", "rollout.pool_screened=24", "eval.batch_size=8"]
-
-
-@pytest.fixture
-def coin(tmp_path):
-    d = tmp_path / "pooltasks"
-    d.mkdir()
-    (d / "coin.py").write_text(COIN)
-    TASKS.include(d)
-    yield ["task=coin"]
-    TASKS.dirs.remove(d.resolve())
-    TASKS._classes = None
 
 
 def _module(small, *overrides):

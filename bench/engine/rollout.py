@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache, StaticCache
 
 from bench.engine.policy import CACHE_ARG, position_ids
@@ -201,12 +202,9 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def _pad_cat(tensors: list[torch.Tensor], value, left: bool) -> torch.Tensor:
     """Concatenate [n_k, T_k] tensors along rows, padding columns to the widest (on the left or the right)."""
-    width = max(t.shape[1] for t in tensors)
-    padded = []
-    for t in tensors:
-        pad = t.new_full((t.shape[0], width - t.shape[1]), value)
-        padded.append(torch.cat([pad, t], 1) if left else torch.cat([t, pad], 1))
-    return torch.cat(padded, 0)
+    rows = [row for t in tensors for row in t]
+    side = "left" if left else "right"
+    return pad_sequence(rows, batch_first=True, padding_value=value, padding_side=side)
 
 
 @dataclass

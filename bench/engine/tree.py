@@ -22,6 +22,8 @@ import random
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from bench.engine.rollout import Generation, branch, generate, sample_seed
 
@@ -47,6 +49,20 @@ class _Node:
 
 
 @torch.no_grad()
+def leaf_rows(seqs: list[list[int]], logps: list[list[float]] | None, pad: int, dtype, device) -> tuple:
+    """Token lists -> right-padded (ids, mask, logp) [N, T] on ``device``, T the longest (at least 1: a root has no
+    tokens yet); logp None: ids alone (mask and logp None)."""
+
+    def rows(xs, value, dt):  # host: built from Python lists, then moved
+        out = pad_sequence([torch.tensor(x, dtype=dt) for x in xs], batch_first=True, padding_value=value)
+        return F.pad(out, (0, max(0, 1 - out.shape[1])), value=value).to(device)
+
+    ids = rows(seqs, pad, dtype)
+    if logps is None:
+        return ids, None, None
+    return ids, rows([[1.0] * len(s) for s in seqs], 0.0, torch.float32), rows(logps, 0.0, torch.float32)
+
+
 def sample_tree(
     model,
     prompt_ids: torch.Tensor,
@@ -75,10 +91,7 @@ def sample_tree(
         for node in frontier:
             by_k.setdefault(node.budget if last else min(k_max, node.budget), []).append(node)
         for k, nodes in sorted(by_k.items()):
-            width = max(1, max(len(n.ids) for n in nodes))
-            comp = torch.full((len(nodes), width), pad, dtype=prompt_ids.dtype, device=prompt_ids.device)
-            for i, n in enumerate(nodes):
-                comp[i, : len(n.ids)] = torch.tensor(n.ids, dtype=comp.dtype)  # host: copied into
+            comp = leaf_rows([n.ids for n in nodes], None, pad, prompt_ids.dtype, prompt_ids.device)[0]
             rows = torch.tensor([n.p for n in nodes], device=prompt_ids.device)
             gen = branch(model, prompt_ids[rows], prompt_mask[rows], comp, [len(n.ids) for n in nodes],
                          continuations=k, max_new_tokens=max_new_tokens,
@@ -118,14 +131,8 @@ def sample_tree(
                 done.append(_Node(p, ids, gen.sampler_logp[r, :L].tolist(), 1, [next(counter)], [0], eos=eos in ids))
     done.sort(key=lambda n: (n.p, n.path))
     assert [sum(n.p == p for n in done) for p in range(P)] == [leaves] * P, "every prompt has G leaves"
-    T = max(1, max(len(n.ids) for n in done))
-    ids = torch.full((len(done), T), pad, dtype=prompt_ids.dtype, device=prompt_ids.device)
-    mask = torch.zeros(len(done), T, device=prompt_ids.device)
-    logp = torch.zeros(len(done), T, device=prompt_ids.device)
-    for i, n in enumerate(done):
-        ids[i, : len(n.ids)] = torch.tensor(n.ids, dtype=ids.dtype)  # host: copied into
-        mask[i, : len(n.ids)] = 1
-        logp[i, : len(n.ids)] = torch.tensor(n.logp)  # host: copied into
+    ids, mask, logp = leaf_rows([n.ids for n in done], [n.logp for n in done], pad, prompt_ids.dtype,
+                                prompt_ids.device)  # fmt: skip
     lengths = mask.sum(1).long()
     truncated = torch.tensor([not n.eos for n in done], device=prompt_ids.device)
     return Tree(Generation(ids, mask, logp, lengths, truncated), [n.path for n in done], [n.starts for n in done],

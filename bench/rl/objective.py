@@ -20,7 +20,7 @@ algorithm's name.
 
 The tables behind advantage, adv_scale, ratio, trust_region, is_correction and loss_agg are registries
 (``bench.registry.Choices``): an algorithm file, in-tree or dropped in with ``--include``, adds a value with
-``@TRUST_REGIONS.register("name")`` and an algorithm that selects it; the README's "A new choice" is the example.
+``@TRUST_REGIONS.register("name")`` and an algorithm that selects it; docs/extending.md, "A new choice", is the example.
 """
 
 from __future__ import annotations

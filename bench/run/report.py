@@ -138,11 +138,11 @@ class RunStats:
 
 
 def _trapezoid_mean(curve: dict):
+    """The mean of a curve {step: value (or an array of per-problem values)} over its steps: trapezoid area / range."""
     steps = sorted(curve)
     if len(steps) < 2:
         return curve[steps[0]]
-    area = sum((b - a) * (curve[a] + curve[b]) / 2 for a, b in zip(steps, steps[1:], strict=False))
-    return area / (steps[-1] - steps[0])
+    return np.trapezoid(np.array([curve[s] for s in steps]), steps, axis=0) / (steps[-1] - steps[0])
 
 
 @dataclass
@@ -174,7 +174,7 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
     m = statistics.fmean(vals)
     if len(vals) < 2:
         return m, math.nan
-    return m, float(stats.t.ppf(0.975, len(vals) - 1)) * statistics.stdev(vals) / math.sqrt(len(vals))
+    return m, float(stats.t.ppf(0.975, len(vals) - 1) * stats.sem(vals))
 
 
 def _history(client, run_id: str, key: str) -> dict[int, float]:
@@ -612,7 +612,9 @@ def what_ran(cells: list[Cell], uids: list[str] | None) -> str:
     seeds = sorted({int(c.cfg.seed) for c in cells})
     init = v("init")
     if init == "sft":
-        init = f"sft (a per-seed SFT warm start of {v('warm_start.max_steps')} steps)"
+        shared = v("warm_start.seed")
+        whose = "a per-seed" if shared == "None" else f"one (seed {shared}, shared by every seed)"
+        init = f"sft ({whose} SFT warm start of {v('warm_start.max_steps')} steps)"
     sampled = ""
     if any(c.cfg.eval.samples_per_problem for c in cells):
         sampled = (
