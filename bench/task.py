@@ -110,6 +110,11 @@ class Task(L.LightningDataModule):
     """The reward component that is 1 when a completion got past the format checks to the verifier (a query that
     ran, an expression that parsed, a box math-verify was given); None when every completion reaches it (ROUGE).
     The contract's fuzz test must reach it with the well-formed answers it generates."""
+    scan: ClassVar[tuple[Literal["head", "tail"], int] | None] = None
+    """Where ``reward`` reads a completion, when it runs under no time limit of its own: ("head", n) its first n
+    characters, ("tail", n) its last n. Nothing outside them changes the result, so that cap, not a timing, is what
+    bounds the reward's work (the contract tests check it on hostile inputs). None: the reward enforces a time limit
+    (a worker it kills, a query's deadline) and ``reward_time_bound_s`` says it."""
     rl_only: ClassVar[tuple[str, ...]] = ()
     """Config keys that change only what RL is rewarded with, not the demonstrations (chain's ``reward``): the SFT
     warm start is shared across their values, trained at their defaults (``sft_task``)."""
@@ -249,9 +254,10 @@ class Task(L.LightningDataModule):
         raise NotImplementedError
 
     def reward_time_bound_s(self) -> float:
-        """Wall seconds one ``reward`` call may take on any completion, with a warm verifier (the contract's fuzz test
-        holds every task to it). A task whose verifier runs under its own limit (a query, a math-verify call)
-        returns that limit plus its overhead."""
+        """Wall seconds one ``reward`` call may take on any completion, with a warm verifier. A task whose verifier
+        runs under its own limit (a query, a math-verify call) returns that limit plus its overhead, and the contract's
+        fuzz test holds it to that; a task that declares ``scan`` is held to its cap instead, and this default (1 s)
+        is only what it promises, not a bound any code enforces."""
         return 1.0
 
     def data_stats(self) -> dict[str, float]:

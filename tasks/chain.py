@@ -136,6 +136,7 @@ class ChainConfig(ProbeConfig):
 
 
 class Chain(Task):
+    scan = ("head", MAX_SCAN_CHARS)  # the reward reads no more (Task.scan)
     Config = ChainConfig
     version = "2"
     description = "Credit-horizon probe: K letter-to-digit lookups in one completion, rewarded only when all are right"

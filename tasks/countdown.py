@@ -406,6 +406,7 @@ class CountdownConfig(TaskConfig):
 
 
 class Countdown(Task):
+    scan = ("tail", MAX_SCAN_CHARS)  # the reward reads no more (Task.scan)
     Config = CountdownConfig
     version = "2"
     description = "Reach a target with + - * / using each given number exactly once (TinyZero Countdown)."

@@ -66,6 +66,7 @@ class DelayConfig(ProbeConfig):
 
 
 class Delay(Task):
+    scan = ("head", MAX_SCAN_CHARS)  # the reward reads no more (Task.scan)
     Config = DelayConfig
     version = "1"
     description = "Credit probe: one rewarded digit among L random filler letters (knob L, decision at start or end)"

@@ -299,6 +299,7 @@ class Gsm8kConfig(TaskConfig):
 
 
 class Gsm8k(Task):
+    scan = ("tail", MAX_SCAN_CHARS)  # the reward reads no more (Task.scan)
     Config = Gsm8kConfig
     version = "3"
     description = "Grade-school math word problems; final line '#### <number>' (GSM8K, Cobbe et al. 2021)."

@@ -286,6 +286,7 @@ class SummarizationConfig(TaskConfig):
 
 
 class Summarization(Task):
+    scan = ("head", MAX_COMPLETION_CHARS)  # the reward reads no more (Task.scan)
     Config = SummarizationConfig
     version = "1"
     description = "Summarize an XSum article or a DialogSum dialogue; ROUGE-1/2/L F1 mix vs the reference(s)."

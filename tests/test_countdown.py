@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -27,9 +26,9 @@ from tasks.countdown import (
     solve,
     to_expr,
 )
+from tests.conftest import data_root as conftest_data_root
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DATA_ROOT = (REPO_ROOT / os.environ.get("BENCH_DATA", "../shared/data")).resolve()
+DATA_ROOT = conftest_data_root() or Path("/nonexistent")  # the one way the tests find the data (tests/conftest.py)
 CD3 = DATA_ROOT / "countdown" / "cd3_test.jsonl"
 
 # nums (3, 5, 7), target 56, gold (3+5)*7

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from tasks.math import (
     reward,
     segment_starts,
 )
+from tests.conftest import data_root as conftest_data_root
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 1.0
@@ -38,10 +38,10 @@ OVERHEAD_S = 1.5
 
 
 def data_root() -> Path:
-    root = os.environ.get("BENCH_DATA")
-    if not root or not (Path(root) / "math").is_dir():
-        pytest.skip(f"BENCH_DATA={root!r} does not hold math/; set BENCH_DATA to the directory that holds math/")
-    return Path(root)
+    root = conftest_data_root("math")
+    if root is None:
+        pytest.skip("no data root with math/: set BENCH_DATA to the directory that holds math/ (or ../shared/data)")
+    return root
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ placement on tokens, GRPO's process-supervision advantage (hand values, reductio
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -21,6 +19,8 @@ from bench.rl import segment as S
 from bench.rl.objective import PolicyGradientConfig, shape_rewards
 from bench.run.train import train
 from tasks.chain import LETTERS, answer, unreliable, wrong_answer
+from tasks.chain import MAX_SCAN_CHARS as MAX_CHAIN_SCAN
+from tasks.delay import MAX_SCAN_CHARS as MAX_DELAY_SCAN
 
 
 def make(name: str, *overrides: str):
@@ -53,10 +53,11 @@ CHAIN_TABLE = [  # completion, outcome score, partial, format
 
 @pytest.mark.parametrize("completion,score,partial,fmt", CHAIN_TABLE)
 def test_chain_reward_table(completion, score, partial, fmt):
-    """Hostile and edge-case completions get the intended outcome, partial and format scores, within 50 ms."""
-    t0 = time.perf_counter()
+    """Hostile and edge-case completions get the intended outcome, partial and format scores; the reward reads at most
+    MAX_SCAN_CHARS of any completion (its work is bounded by that cap, not by the input: what follows it changes
+    nothing)."""
     res = CHAIN.reward(EX3, completion)
-    assert time.perf_counter() - t0 < 0.05
+    assert CHAIN.reward(EX3, completion[:MAX_CHAIN_SCAN] + "7 " * 100_000) == res
     assert res.score == score and res.components["correct"] == score
     assert res.components["partial"] == pytest.approx(partial) and res.components["format"] == fmt
     partial_task = make("chain", "task.horizon=3", "task.reward=partial")
@@ -149,9 +150,8 @@ DELAY_TABLE = [  # completion, score, decision right, format
 
 @pytest.mark.parametrize("completion,score,decision,fmt", DELAY_TABLE)
 def test_delay_reward_table(completion, score, decision, fmt):
-    t0 = time.perf_counter()
     res = DELAY.reward(EXD, completion)
-    assert time.perf_counter() - t0 < 0.05
+    assert DELAY.reward(EXD, completion[:MAX_DELAY_SCAN] + "7" * 100_000) == res  # reads at most MAX_SCAN_CHARS
     assert (res.score, res.components["decision"], res.components["format"]) == (score, decision, fmt)
 
 

@@ -167,6 +167,33 @@ def test_power_against_the_t_approximation_and_its_inverse():
     assert S.seeds_needed(1e-9, 1.0, paired=True, most=1000) == math.inf
 
 
+def _nct_mde(se: float, df: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The effect a two-sided t-test with ``df`` degrees of freedom detects with this power when its estimate has
+    standard error ``se``, solved from the noncentral t directly (scipy; independent of the statsmodels solver
+    bench/stats.py uses): P(|T| > t_crit) = power with T ~ nct(df, effect / se)."""
+    from scipy.optimize import brentq
+
+    crit = sps.t.ppf(1 - alpha / 2, df)
+
+    def gap(effect):
+        nc = effect / se
+        return sps.nct.sf(crit, df, nc) + sps.nct.cdf(-crit, df, nc) - power
+
+    hi = se
+    while gap(hi) < 0:  # widen until the power is reached (nct is NaN far out, so no fixed wide bracket)
+        hi *= 1.5
+    return brentq(gap, 1e-9 * se, hi, xtol=1e-14)
+
+
+@pytest.mark.parametrize("n", [3, 5, 10, 30])  # (at 2 seeds scipy's nct is NaN in the lower tail)
+def test_mde_equals_the_noncentral_t_solution_paired_and_unpaired(n):
+    """Exact goldens: paired, the one-sample test on n per-seed differences (SE sd/√n, n − 1 dof); unpaired, two
+    groups of n seeds (SE sd·√(2/n), 2n − 2 dof). A wrong n/2 factor (a √2 error) in the unpaired case fails."""
+    sd = 0.05
+    assert S.mde(sd, n, paired=True) == pytest.approx(_nct_mde(sd / math.sqrt(n), n - 1), rel=1e-5)
+    assert S.mde(sd, n, paired=False) == pytest.approx(_nct_mde(sd * math.sqrt(2 / n), 2 * n - 2), rel=1e-5)
+
+
 def test_mde_holds_the_problem_term_fixed_and_stops_at_its_floor():
     """MDE(n) = k(n) · sqrt(s² / n + τ²/M): more seeds shrink the seed part only; as n grows the MDE approaches the
     floor (z_.975 + z_.8) · sqrt(τ²/M), and a target at or below the floor needs infinitely many seeds."""
@@ -188,7 +215,10 @@ def test_mde_holds_the_problem_term_fixed_and_stops_at_its_floor():
     d = S.difference(a, b, paired=True)
     assert d.problem_var > 0
     assert d.se**2 == pytest.approx(d.seed_var + d.problem_var)
-    assert d.mde() == pytest.approx(S.mde(d.seed_sd, 5, paired=True, problem_var=d.problem_var))
+    # k(5) (the noncentral t's factor on 4 dof) times the whole SE: the seed part over 5 seeds plus the problem part
+    k = _nct_mde(1.0, 4)
+    assert d.mde() == pytest.approx(k * math.sqrt(d.seed_var + d.problem_var), rel=1e-5)
+    assert d.seed_var == pytest.approx((a - b).mean(axis=1).var(ddof=1) / 5)
     assert d.mde(50) < d.mde() and d.mde(10**5) == pytest.approx(S.mde_floor(d.problem_var), rel=0.02)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from tasks.summarization import (
     truncate_words,
     xsum_splits,
 )
+from tests.conftest import data_root as conftest_data_root
 
 COMPONENTS = {"rouge1", "rouge2", "rougeL", "length_ratio", "chrf"}
 
@@ -56,10 +56,7 @@ assert len(GARBAGE) >= 100_000
 
 
 def data_root() -> Path | None:
-    root = os.environ.get("BENCH_DATA")
-    if not root or not (Path(root) / "summarization").is_dir():
-        return None
-    return Path(root)
+    return conftest_data_root("summarization")
 
 
 def task_for(corpus: str) -> Summarization:

@@ -213,10 +213,24 @@ def test_axis_values_that_resolve_to_the_same_run_run_once(tmp_path):
 # ---- a real sweep: report numbers, skip on rerun --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def finished_sweep(tmp_path_factory):
+    """Four cells on the coin test task (tests/conftest.py) with 4 samples per problem at temperature 1: eval/mean_at_4
+    then differs between seeds and problems, so the report's numbers and verdicts below have something to get wrong
+    (on countdown every value of a random model is 0, or 16 tokens long)."""
+    from bench.registry import TASKS
+    from tests.conftest import COIN
+
     tmp = tmp_path_factory.mktemp("sweep")
-    path = write_sweep(tmp, "small", {"algorithm": ["grpo", "dr_grpo"], "seed": [0, 1]}, steps=2, workers=2)
-    out = run_sweep(str(path))
-    return tmp, path, out
+    (tmp / "tasks").mkdir()
+    (tmp / "tasks" / "coin.py").write_text(COIN)
+    TASKS.include(tmp / "tasks")  # the cells get it too (include_args)
+    path = write_sweep(tmp, "small", {"algorithm": ["grpo", "reinforce"], "task": ["coin"], "seed": [0, 1]}, steps=3,
+                       workers=2)  # fmt: skip
+    spec = yaml.safe_load(path.read_text())
+    spec["overrides"] += ["eval.samples_per_problem=4", "eval.temperature=1.0", "eval.pass_k=[1]", "optim.lr=5e-2"]
+    path.write_text(yaml.safe_dump(spec))
+    yield tmp, path, run_sweep(str(path))
+    TASKS.dirs.remove((tmp / "tasks").resolve())
+    TASKS._classes = None
 
 
 def test_sweep_runs_every_cell_once_nested_and_tagged(finished_sweep):
@@ -236,8 +250,8 @@ def test_sweep_runs_every_cell_once_nested_and_tagged(finished_sweep):
     assert {(r.data.tags["algorithm"], r.data.tags["seed"]) for r in runs} == {
         ("grpo", "0"),
         ("grpo", "1"),
-        ("dr_grpo", "0"),
-        ("dr_grpo", "1"),
+        ("reinforce", "0"),
+        ("reinforce", "1"),
     }
     # One warm start per seed would be shared; this sweep trains from scratch, so none ran.
     assert not client.search_runs([exp.experiment_id], "tags.role = 'warm_start'")
@@ -252,7 +266,7 @@ def test_sweep_runs_every_cell_once_nested_and_tagged(finished_sweep):
 
 def test_report_numbers_match_mlflow(finished_sweep, tmp_path):
     tmp, path, _ = finished_sweep
-    metric = "eval/completion_len_mean"  # non-trivial on a random-init model, unlike accuracy
+    metric = "eval/mean_at_4"  # varies by seed and problem on the coin task
     summary = report(str(path), [f"sweep.report.metric={metric}"], out=tmp_path)
     for f in ("summary.md", "summary.csv", "runs.csv", "curves_step.png", "curves_samples.png", "curves_tokens.png"):
         assert (tmp_path / f).stat().st_size > 0, f
@@ -272,7 +286,7 @@ def test_report_numbers_match_mlflow(finished_sweep, tmp_path):
         assert float(row["s_per_step"]) == pytest.approx(statistics.fmean(step_time))
         finals.setdefault(row["variant"], []).append(hist[-1][1])
     summary_rows = {r["variant"]: r for r in csv.DictReader((tmp_path / "summary.csv").open())}
-    assert set(summary_rows) == {"grpo", "dr_grpo"}
+    assert set(summary_rows) == {"grpo", "reinforce"}
     for variant, vals in finals.items():
         row = summary_rows[variant]
         assert float(row["final_mean"]) == pytest.approx(statistics.fmean(vals))
@@ -280,8 +294,24 @@ def test_report_numbers_match_mlflow(finished_sweep, tmp_path):
         assert float(row["final_ci95"]) == pytest.approx(half, abs=1e-9)
     text = summary.read_text()
     assert "| grpo | 2/2 |" in text, text
-    assert "with 2 seeds and 8 evaluation problems" in text or "every seed of every variant gave the same" in text
-    assert "dr_grpo cannot be told apart from grpo" in text or "dr_grpo is" in text
+    all_finals = [v for vals in finals.values() for v in vals]
+    assert len(set(all_finals)) > 1, all_finals  # the seeds differ, so the power sentence has variances to use
+    assert "with 2 seeds and 8 evaluation problems" in text, text
+    # The verdict is the one comparisons.csv's numbers call for, and those numbers are the runs' own: the estimate is
+    # the mean over seeds of reinforce's final minus grpo's (paired by seed).
+    (cmp,) = [r for r in csv.DictReader((tmp_path / "comparisons.csv").open()) if r["kind"] == "final"]
+    seeds = {(r["variant"], r["seed"]): float(r["final"]) for r in per_run}
+    paired = [seeds[("reinforce", s)] - seeds[("grpo", s)] for s in ("0", "1")]
+    assert float(cmp["estimate"]) == pytest.approx(statistics.fmean(paired))
+    lo, hi, p_adj = float(cmp["paired_lo"]), float(cmp["paired_hi"]), float(cmp["p_adjusted"])
+    if p_adj < 0.05:
+        word = "higher" if float(cmp["estimate"]) > 0 else "lower"
+        verdict = f"reinforce is {word} than grpo by {abs(float(cmp['estimate'])):.3f}"
+    elif lo <= 0 <= hi:
+        verdict = "reinforce cannot be told apart from grpo"
+    else:
+        verdict = "reinforce − grpo = "
+    assert verdict in text, (verdict, cmp, text)
     # The report is also logged to the sweep's parent run.
     exp = client.get_experiment_by_name("sweep-small")
     (parent,) = client.search_runs([exp.experiment_id], "tags.role = 'sweep'")

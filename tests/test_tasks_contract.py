@@ -56,8 +56,10 @@ def test_task_has_version_and_description(name):
 
 @pytest.mark.parametrize("name", TASKS.names())
 def test_gold_scores_one_and_hostile_scores_zero_quickly(name):
-    """Gold completions score 1 (correct), hostile/garbage/empty completions score 0, each within the task's declared
-    time bound (``reward_time_bound_s``: what its verifier's limits enforce, not a machine speed)."""
+    """Gold completions score 1 (correct), hostile/garbage/empty completions score 0, each within what bounds the
+    task's reward: the time limit its verifier enforces (``reward_time_bound_s``), or for a task whose reward has no
+    limit of its own the characters it reads (``scan``: nothing beyond them changes the result). Never a machine
+    speed."""
     task = loaded(name)
     for ex in task.eval_examples()[:20]:
         gold = task.gold_completion(ex)
@@ -70,8 +72,31 @@ def test_gold_scores_one_and_hostile_scores_zero_quickly(name):
         t0 = time.perf_counter()
         res = task.reward(ex, text)
         dt = time.perf_counter() - t0
-        assert dt < task.reward_time_bound_s(), f"{name}: {dt:.2f}s on hostile input {text[:30]!r}"
         assert not task.is_correct(res) and res.score < 0.5, (name, text[:30], res.score)
+        if task.scan is None:  # the verifier's own time limit
+            assert dt < task.reward_time_bound_s(), f"{name}: {dt:.2f}s on hostile input {text[:30]!r}"
+        else:  # the cap the reward reads within: what lies beyond it changes nothing
+            assert_reads_only_its_scan(task, ex, text)
+
+
+def assert_reads_only_its_scan(task, ex, text: str) -> None:
+    """``text`` filled to exactly the task's scan length, then two different long junk strings added on the far side
+    of it: the reward is the same (so its work is bounded by the scan, not the input)."""
+    side, n = task.scan
+    kept = (text or " ") * (n // max(len(text), 1) + 1)
+    kept = kept[:n] if side == "head" else kept[-n:]
+    a, b = "9 " * 40_000, "<answer>(1+2)</answer>#### 5\n" * 4_000
+    x, y = (kept + a, kept + b) if side == "head" else (a + kept, b + kept)
+    assert task.reward(ex, x) == task.reward(ex, y), (type(task).__name__, side, n, text[:30])
+
+
+def test_every_task_is_bounded_by_a_limit_or_a_scan_cap():
+    """A task whose reward_time_bound_s is the unenforced default must declare the cap its reward reads within."""
+    from bench.task import Task
+
+    for name in TASKS.names():
+        cls = TASKS.get(name)
+        assert cls.scan is not None or cls.reward_time_bound_s is not Task.reward_time_bound_s, name
 
 
 @pytest.mark.parametrize("name", TASKS.names())
@@ -199,7 +224,8 @@ def test_reward_fuzz_never_raises_stays_in_its_time_bound_and_leaves_data_intact
         t0 = time.perf_counter()
         res = task.reward(examples[i], text)
         dt = time.perf_counter() - t0
-        assert dt < bound, f"{name}: {dt:.2f}s > bound {bound:.2f}s on {text[:60]!r}"
+        if task.scan is None:  # a limit the verifier enforces; a task with a scan cap is held to it above
+            assert dt < bound, f"{name}: {dt:.2f}s > bound {bound:.2f}s on {text[:60]!r}"
         assert 0.0 <= res.score <= 1.0, (name, text[:60], res)
         seen.append((formed, res))
 

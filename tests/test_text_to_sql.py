@@ -37,6 +37,7 @@ from tasks.text_to_sql import (
     segment,
     sql_block_span,
 )
+from tests.conftest import data_root as conftest_data_root
 
 SINGERS = [
     (1, "Joe Sharp", "Netherlands", 52, 1.1),
@@ -516,10 +517,10 @@ def test_loading_counts_and_skips_on_a_fake_root(tmp_path: Path, db: Path) -> No
 
 
 def spider_root() -> Path:
-    root = os.environ.get("BENCH_DATA")
-    if not root or not (Path(root) / "text2sql" / "spider" / "dev.jsonl").is_file():
-        pytest.skip("BENCH_DATA unset or without text2sql/spider/; set it to the shared data directory")
-    return Path(root)
+    root = conftest_data_root("text2sql/spider/dev.jsonl")
+    if root is None:
+        pytest.skip("no data root with text2sql/spider/ (BENCH_DATA or ../shared/data)")
+    return root
 
 
 @pytest.fixture(scope="module")

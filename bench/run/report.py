@@ -492,8 +492,9 @@ def power_sentence(ps: list[Power], baseline: str, metric: str, spec: SweepSpec,
     final, auc = ps
     if final.sd == 0:
         return (
-            f"**{final.task}**: every seed of every variant gave the same final `{metric}`, so the variance that sets "
-            "the smallest detectable difference is zero and cannot be estimated from this sweep."
+            f"**{final.task}**: every variant's final `{metric}` minus {baseline}'s was the same on every seed, so "
+            "the variance of the paired differences, which sets the smallest detectable difference, is zero and "
+            "cannot be estimated from this sweep."
         )
     if math.isnan(final.mde):
         return (
