@@ -136,7 +136,9 @@ def _char_ngrams(text: str, n: int) -> Counter:
 
 def chrf(reference: str, hypothesis: str) -> float:
     """Sentence chrF in [0, 1] as sacrebleu computes it without eps smoothing: whitespace removed, precision and
-    recall averaged over the orders 1..CHRF_ORDER where both strings have n-grams, then F-beta."""
+    recall averaged over the orders 1..CHRF_ORDER where both strings have n-grams, then F-beta. Hand-written, not
+    torchmetrics' chrf_score (the same score, tested): that costs ~4 ms a call against ~0.07 ms, on every held-out
+    completion, and keeps no per-problem values (docs/development.md)."""
     hyp, ref = _WHITESPACE.sub("", hypothesis), _WHITESPACE.sub("", reference)
     prec = rec = 0.0
     orders = 0

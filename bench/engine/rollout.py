@@ -1,4 +1,9 @@
-"""Sampling G completions per prompt with a KV cache, and the rollout batch that algorithms consume."""
+"""Sampling G completions per prompt with a KV cache, and the rollout batch that algorithms consume.
+
+Hand-written rather than transformers' ``generate()``: the loop returns each token's log-probability under the exact
+distribution it sampled from (temperature and top-p applied), prefills a prompt once for its whole group, seeds each
+row on its own (so a sample does not depend on the batch it is in) and stops rows at EOS without padding the rest;
+``generate()`` does none of these. The library engine is vLLM (``rollout.engine=vllm``, bench/engine/vllm.py)."""
 
 from __future__ import annotations
 
