@@ -82,7 +82,8 @@ SETTINGS = {"sampler_dtype": "rollout.sampler_dtype", "sampler_attention": "roll
 FP32 = {"precision": "32-true", "sampler_dtype": "float32"}  # explicit: conf/model/smollm2-135m.yaml says bf16-mixed
 BF16_TIS = {"precision": "32-true", "sampler_dtype": "bfloat16", "is_correction": "tis"}
 # trainer.precision=bf16-mixed (bfloat16 autocast over float32 master weights; log-probs from float32 logits),
-# sampling from a bfloat16 copy of the weights refreshed every step: the fastest sound setting (docs/engines.md, "Precision")
+# sampling from a bfloat16 copy of the weights refreshed every step: the fastest sound setting
+# (docs/engines.md, "Precision")
 BF16_MIXED = {"precision": "bf16-mixed", "sampler_dtype": "bfloat16"}
 SYSTEMS = {
     "creditbench": FP32,  # every speed switch at its default (on)

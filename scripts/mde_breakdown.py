@@ -5,7 +5,7 @@ its own runs under the settings it replaced, one change at a time (evaluation si
 
 Every row uses the same runs read back from MLflow (the sweep's finished cells and their per-problem outcomes): a
 smaller evaluation is the first M problems of the same evaluations, fewer seeds the first seeds. The MDE is the
-report's (bench/run/report.py: per-seed SDs from the comparisons with the baseline, their median,
+report's (bench/run/report/: per-seed SDs from the comparisons with the baseline, their median,
 statsmodels' t-test power at α = 0.05, power 0.8). ``--old-rev`` adds the MDE of the report committed at that
 revision (its results/<sweep>/runs.csv, read with git show; for the default sweep before 1000-problem evaluation:
 cd79227), Welch on the final value as that report tested it; ``--old-gain`` is its gain over the start, which that
@@ -29,8 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import ROOT  # noqa: E402
 from bench import stats as S  # noqa: E402
-from bench.run.report import collect, group, matrix, shared_uids, variants  # noqa: E402
-from bench.run.sweep import Sweep, load_plan  # noqa: E402
+from bench.run.report.compare import matrix, shared_uids  # noqa: E402
+from bench.run.report.data import collect, group  # noqa: E402
+from bench.run.sweep import (  # noqa: E402
+    Sweep,
+    load_plan,
+    variants,  # noqa: E402
+)
 
 
 def pooled_mde(groups, baseline, seeds: list[int], uids, kind: str, paired: bool) -> tuple[float, float]:

@@ -138,7 +138,7 @@ values = st.floats(-1, 1, allow_nan=False)
 
 @given(st.dictionaries(st.integers(0, 500), values, min_size=1, max_size=12))
 def test_auc_by_np_trapezoid_equals_the_sum(curve):
-    from bench.run.report import _trapezoid_mean
+    from bench.run.report.data import _trapezoid_mean
 
     assert float(_trapezoid_mean(curve)) == pytest.approx(old_trapezoid_mean(curve), abs=1e-12)
 
@@ -146,7 +146,7 @@ def test_auc_by_np_trapezoid_equals_the_sum(curve):
 @given(st.lists(st.integers(0, 300), min_size=1, max_size=8, unique=True), st.integers(1, 5))
 def test_per_problem_auc_by_np_trapezoid_equals_the_sum(steps, m):
     """Per-problem curves ({step: array of M values}) average problem by problem, as before."""
-    from bench.run.report import _trapezoid_mean
+    from bench.run.report.data import _trapezoid_mean
 
     rng = np.random.default_rng(len(steps) * 10 + m)
     curve = {s: rng.integers(0, 2, m).astype(float) for s in steps}
@@ -157,7 +157,7 @@ def test_per_problem_auc_by_np_trapezoid_equals_the_sum(steps, m):
 def test_mean_ci_and_mean_se_by_scipy_equal_the_formulas(xs):
     from scipy import stats
 
-    from bench.run.report import mean_ci
+    from bench.run.report.data import mean_ci
     from bench.stats import mean_se
 
     m, half = mean_ci(xs)

@@ -381,7 +381,7 @@ def test_equal_budget_comparisons_reduce_to_equal_steps_when_every_variant_sees_
 def _budget_group(variant: str, per_step: float, slope: float, offsets: list[float], uids=None):
     from omegaconf import OmegaConf
 
-    from bench.run.report import Group, RunStats
+    from bench.run.report.data import Group, RunStats
     from bench.run.sweep import Cell
 
     runs = []
@@ -398,7 +398,8 @@ def test_equal_budget_golden_values_and_a_variant_that_wins_per_step_only():
     at equal samples the difference is its seed offsets alone (hand-computed: their mean), compared at the
     baseline's last budget (the largest both reach) and over [0, that]; at equal steps it is ahead by 0.2, and the
     report names it as winning per step but not per sample."""
-    from bench.run.report import BUDGETS, compare, compare_budget, per_step_not_per_budget
+    from bench.run.report.budget import BUDGETS, compare_budget, per_step_not_per_budget
+    from bench.run.report.compare import compare
     from bench.run.sweep import SweepSpec
 
     offsets = [0.004, -0.003, 0.001, -0.002, 0.002]
