@@ -498,30 +498,32 @@ def test_one_vllm_engine_per_gpu_trains_as_one_gpu(tmp_path, strategy):
     assert max(v for _, v in _curve(two, db, "rollout/mismatch_logp_max")) < 1e-3
 
 
-def _lockstep_rank(rank: int, port: int, out: str) -> None:
-    import torch.distributed as tdist
+LOCKSTEP = """
+import json, sys
+from pathlib import Path
 
-    from bench import dist as D
+import torch.distributed as tdist
 
-    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        items = [f"r{rank}-{i}" for i in range((5, 3)[rank])]  # rank 0 has 5 micro-batches, rank 1 has 3
-        result = {"sharded": D.lockstep(items, "spare", sharded=True), "plain": D.lockstep(items, "spare", False)}
-        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        tdist.destroy_process_group()
+from bench import dist as D
+
+tdist.init_process_group("gloo")
+rank = tdist.get_rank()
+items = [f"r{rank}-{i}" for i in range((5, 3)[rank])]  # rank 0 has 5 micro-batches, rank 1 has 3
+result = {"sharded": D.lockstep(items, "spare", sharded=True), "plain": D.lockstep(items, "spare", False)}
+Path(sys.argv[1], f"rank{rank}.json").write_text(json.dumps(result))
+tdist.destroy_process_group()
+"""
 
 
 def test_lockstep_pads_the_lighter_rank_with_zero_weight_spares_under_fsdp(tmp_path):
-    """dist.lockstep on two gloo processes with 5 and 3 micro-batches: under FSDP (sharded) both run 5, the lighter
-    rank's last 2 are the spare at weight 0 and its own 3 keep weight 1; without sharding each runs its own. (Was
-    covered only because one seed's shuffle split a step 5/3.)"""
-    import torch.multiprocessing as tmp_mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tmp_mp.spawn(_lockstep_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    """dist.lockstep on two gloo processes (torchrun) with 5 and 3 micro-batches: under FSDP (sharded) both run 5, the
+    lighter rank's last 2 are the spare at weight 0 and its own 3 keep weight 1; without sharding each runs its own.
+    (Was covered only because one seed's shuffle split a step 5/3.)"""
+    script = tmp_path / "lockstep.py"
+    script.write_text(LOCKSTEP)
+    p = subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node=2", str(script), str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["sharded"] == [[f"r0-{i}", 1.0] for i in range(5)]
     assert r1["sharded"] == [[f"r1-{i}", 1.0] for i in range(3)] + [["spare", 0.0]] * 2

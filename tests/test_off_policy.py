@@ -336,7 +336,7 @@ def test_sampler_attention_gives_the_copy_its_own_kernel_and_leaves_the_policy_a
     assert ((ro.old_logp - ro.sampler_logp).abs() * ro.mask).max().item() < 1e-4
     eager.correct_behaviour(ro)
     assert abs(eager.step_stats["rollout/mismatch_kl"]) < 1e-5, eager.step_stats
-    with pytest.raises(ValueError, match="sampler_attention='flash'.*model, eager or sdpa"):
+    with pytest.raises(ValueError, match=r"'rollout.sampler_attention'.*'flash', expected one of \['model', 'eager'"):
         make(**{"rollout.sampler_attention": "flash"})
 
 
