@@ -76,13 +76,9 @@ ragged = st.lists(st.lists(st.integers(0, 99), min_size=0, max_size=7), min_size
 def test_rollout_merge_padding_equals_the_loop(shapes, left, dtype, value):
     g = torch.Generator().manual_seed(len(shapes))
     tensors = [torch.randint(0, 9, s, generator=g).to(dtype) for s in shapes]
-    if sum(s[0] for s in shapes) == 0:
-        return  # no rows: nothing to merge (Rollout.merge never sees it)
     value = bool(value) if dtype == torch.bool else value
+    # parts with no rows included, all of them too (dynamic sampling can keep no group in a round): the same shape
     got, want = _pad_cat(tensors, value, left), old_pad_cat(tensors, value, left)
-    if want.shape[1] > got.shape[1]:  # the loop kept the width of a part with no rows; no row is wider
-        assert (want[:, : want.shape[1] - got.shape[1]] if left else want[:, got.shape[1] :]).eq(value).all()
-        want = want[:, want.shape[1] - got.shape[1] :] if left else want[:, : got.shape[1]]
     assert got.dtype == want.dtype and torch.equal(got, want)
 
 

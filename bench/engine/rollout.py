@@ -207,9 +207,12 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def _pad_cat(tensors: list[torch.Tensor], value, left: bool) -> torch.Tensor:
     """Concatenate [n_k, T_k] tensors along rows, padding columns to the widest (on the left or the right)."""
+    width = max(t.shape[1] for t in tensors)  # a part with no rows still sets the width, as torch.cat would
     rows = [row for t in tensors for row in t]
-    side = "left" if left else "right"
-    return pad_sequence(rows, batch_first=True, padding_value=value, padding_side=side)
+    if not rows:  # every part empty (e.g. dynamic sampling kept no group this round)
+        return tensors[0].new_full((0, width), value)
+    out = pad_sequence(rows, batch_first=True, padding_value=value, padding_side="left" if left else "right")
+    return F.pad(out, (width - out.shape[1], 0) if left else (0, width - out.shape[1]), value=value)
 
 
 @dataclass
