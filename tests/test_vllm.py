@@ -350,6 +350,28 @@ def test_grpo_trains_on_countdown_with_the_engine(extra, store):
 
 
 @needs_vllm
+def test_a_run_on_the_engine_resumes_into_the_same_mlflow_run(store):
+    """A vLLM-engine run continued with resume= ends as one FINISHED MLflow run with every step logged once: the new
+    engine's start time and memory are metrics at the step it started (as params, MLflow refused the changed values
+    and the resume failed: found resuming issue 41's pilot)."""
+    from mlflow.tracking import MlflowClient
+
+    from bench.run.train import resume, train
+
+    args = ["algorithm=grpo", "task=countdown", *TINY, "rollout.prompts_per_step=2", "rollout.group_size=4",
+            "rollout.max_new_tokens=8", "task.num_eval=8", "eval.batch_size=8", "trainer.max_steps=2",
+            "trainer.eval_every=100", "trainer.checkpoint_every=1", "trainer.progress_bar=false", "rollout.engine=vllm",
+            *store["args"]]  # fmt: skip
+    first = train(compose(args))
+    again = resume(first.run_dir, ["trainer.max_steps=4"])
+    client = MlflowClient(store["uri"])
+    run = client.get_run(first.run_id)
+    assert again.run_id == first.run_id and run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(first.run_id, "time/step")] == [0, 1, 2, 3]
+    assert [m.step for m in client.get_metric_history(first.run_id, "engine/start_s")] == [0, 2]
+
+
+@needs_vllm
 @pytest.mark.slow
 def test_vineppo_trains_with_its_continuations_on_the_engine(store):
     """Three VinePPO steps end to end with rollout.engine=vllm: every step samples continuations (logged as branch

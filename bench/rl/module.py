@@ -613,9 +613,10 @@ class RLModule(PolicyModule):
                             gpu_memory=r.engine_gpu_memory, cpu_kv_gb=r.engine_cpu_kv_gb)  # fmt: skip
         devices = ",".join(dist.gather_objects(engine.device))  # each rank's engine's device, in rank order
         for logger in self.loggers:
-            logger.log_hyperparams(
-                {"engine/start_s": round(engine.start_s, 1), **engine.memory(), "engine/devices": devices}
-            )
+            # measurements are metrics (at the step the engine started): a resumed run starts a new engine, and
+            # MLflow refuses a param whose value changes; where the engines run is a param
+            logger.log_hyperparams({"engine/devices": devices})
+            logger.log_metrics({"engine/start_s": round(engine.start_s, 1), **engine.memory()}, step=self.step_count)
         return engine
 
     def engine_context(self, policy) -> int:
