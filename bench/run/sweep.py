@@ -636,13 +636,14 @@ class Sweep:
         try:
             with ThreadPoolExecutor(workers) as pool:
                 # 1. Shared SFT warm starts, each (task, model, seed, warm-start config) trained once.
+                from bench.run.train import warm_start_seed
+
                 need = {}
                 for c in todo:
                     if c.cfg.init == "sft":
-                        ws = c.cfg.warm_start
                         key = config_hash(  # what ensure_sft's cache key depends on
                             {k: c.cfg[k] for k in ("model", "warm_start")}
-                            | {"seed": c.cfg.seed if ws.seed is None else ws.seed, "task": sft_task(c.cfg.task),
+                            | {"seed": warm_start_seed(c.cfg), "task": sft_task(c.cfg.task),
                                "max_new_tokens": c.cfg.rollout.max_new_tokens}
                         )  # fmt: skip
                         need.setdefault(key, paths[c.id])

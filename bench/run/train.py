@@ -179,15 +179,20 @@ class _Interrupted(Callback):
                 )
 
 
+def warm_start_seed(cfg: DictConfig) -> int:
+    """The seed the run's SFT warm start is trained with: ``warm_start.seed`` when set (one shared by every seed),
+    else the run's own."""
+    return cfg.seed if cfg.warm_start.seed is None else cfg.warm_start.seed
+
+
 def ensure_sft(cfg: DictConfig) -> Path:
     """The SFT checkpoint for this task, model and seed: reused when a finished one with the same resolved SFT
     config is cached, trained otherwise."""
     sft = compose([f"model={cfg.model.name}", f"task={cfg.task.name}", "algorithm=sft"])
     OmegaConf.set_readonly(sft, False)
-    keep = {k: cfg[k] for k in ("seed", "model", "tracking", "eval", "output_dir", "cache_dir")}
+    keep = {k: cfg[k] for k in ("model", "tracking", "eval", "output_dir", "cache_dir")}
+    keep["seed"] = warm_start_seed(cfg)
     keep["task"] = sft_task(cfg.task)  # keys that change only the RL reward at their defaults: one shared warm start
-    if cfg.warm_start.seed is not None:
-        keep["seed"] = cfg.warm_start.seed
     sft = OmegaConf.merge(
         sft,
         keep,
