@@ -86,6 +86,7 @@ def grpo_s_rewards(rewards, correct, mean_entropy, group_size: int, cfg: GRPOSCo
 
 class GRPOS(PolicyGradient):
     Config = GRPOSConfig
+    multi_turn = False  # its entropy statistics run over every completion token
     description = "GRPO-S (Tan et al. 2025): entropy-weighted sequence rewards, mean token ratio, clip 0.2/0.28"
     needs_entropy = True
 

@@ -125,6 +125,7 @@ def gtpo_advantages(token_rewards, correct, mask, group_size: int, cfg: GTPOConf
 
 class GTPO(PolicyGradient):
     Config = GTPOConfig
+    multi_turn = False  # its token rewards and entropies run over every completion token
     description = "GTPO (Tan et al. 2025): entropy-weighted token rewards, O+/O- token z-scores, DAPO-style clip"
     needs_entropy = True
 

@@ -87,6 +87,7 @@ def conflict_weights(ids, mask, adv, group_size: int, weight: float):
 
 class GTPOTraj(GRPO):
     Config = GTPOTrajConfig
+    multi_turn = False  # its conflict weights read the completion's tokens as one turn
     needs_entropy = True
     description = "GTPO (Simoni et al. 2025): GRPO with conflict tokens protected (negatives skipped, positives x2)"
 

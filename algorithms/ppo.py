@@ -77,6 +77,7 @@ def ppo_loss(logp, old_logp, adv, values, old_values, returns, mask, cfg: PPOCon
 
 class PPO(ActorCritic):
     Config = PPOConfig
+    multi_turn = False  # its token-level GAE runs over every completion token (turn_ppo is the multi-turn form)
     description = "PPO (Schulman 2017, RLHF recipe): value head, GAE γ=1 λ=0.95, KL in reward, token clip 0.2"
 
     def advantages(self, ro: Rollout):

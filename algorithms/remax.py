@@ -34,4 +34,5 @@ class ReMaxConfig(PolicyGradientConfig):
 
 class ReMax(PolicyGradient):
     Config = ReMaxConfig
+    multi_turn = False  # its greedy baseline is scored as one turn's text
     description = "ReMax (Li et al. 2023): greedy-rollout baseline, plain REINFORCE surrogate"

@@ -36,6 +36,7 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float 
 
 class SFT(PolicyModule):
     Config = SFTConfig
+    multi_turn = True  # an environment's demonstrations are whole episodes (Task.collate_demonstrations)
     description = "Supervised fine-tuning on demonstrations (completion tokens only); the warm start for RL"
     train_stream = "demonstrations"
 

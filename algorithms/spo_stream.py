@@ -78,6 +78,7 @@ def sampling_weights(p_hat: torch.Tensor, eps: float) -> torch.Tensor:
 
 class SingleStreamPO(GRPO):
     Config = SingleStreamConfig
+    multi_turn = False  # its value tracker keys on the whole completion as one answer
     description = "Single-stream PO (Xu & Ding 2025): per-prompt Beta value tracker (KL-adaptive), 1 sample per prompt"
     advantages_beyond_the_batch = True  # from the tracker's state, not a function of the batch alone
 

@@ -77,6 +77,7 @@ def tempo_advantages(rewards, completion_ids, mask, group_size: int, cfg: TEMPOC
 
 class TEMPO(PolicyGradient):
     Config = TEMPOConfig
+    multi_turn = False  # its branch points are read from completion tokens as one turn
     description = "TEMPO (2025): group z-score plus the prefix trie's TD term per token, clip 0.2/0.28, token-mean"
 
     def advantages(self, ro):

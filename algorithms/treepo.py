@@ -71,6 +71,7 @@ def masked_whiten(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 class TreePO(TreeRollouts, GRPO):
     Config = TreePOConfig
+    multi_turn = False  # it grows and scores its rollouts as trees of one turn
     description = "TreePO (Li et al. 2025): segment trees with early stop and fallback, global + subtree advantages"
 
     hf_only = "grows its rollouts as trees"

@@ -118,6 +118,7 @@ def ts_grpo_loss(logp, old_logp, adv, answer_mask, mask, cfg: TSGRPOConfig, norm
 
 class TSGRPO(PolicyGradient):
     Config = TSGRPOConfig
+    multi_turn = False  # it reads the task's answer span
     reads_behaviour_weights = False  # its own surrogate (below)
     description = "TS-GRPO (Thinkquel 2025): GSPO-token on the answer span, token GRPO on the planning span"
 

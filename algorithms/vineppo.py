@@ -86,6 +86,7 @@ def vine_advantages(starts: list[list[int]], values: list[list[float]], rewards:
 
 class VinePPO(GRPO):
     Config = VinePPOConfig
+    multi_turn = False  # it re-scores continuations as one turn's text
     advantages_beyond_the_batch = True  # from branching rollouts of the policy, not a function of the batch alone
     description = "VinePPO (Kazemnejad et al. 2024): PPO with Monte-Carlo step values from K continuations, no critic"
 

@@ -109,6 +109,12 @@ class RolloutConfig:
     """Completions per screened prompt for ``prompt_pool=solvable``."""
     pool_screened: int | None = 2048
     """Train prompts screened for ``prompt_pool=solvable`` (None: all of them)."""
+    max_turns: int = 1
+    """Environment tasks (``Task.step``): actions per episode at most (bench/engine/episode.py); an episode stopped
+    here before the environment said done counts in ``rollout/turn_limit_frac``. Other tasks: one turn."""
+    turn_tokens: int | None = None
+    """Environment tasks: new tokens per action at most (None: only the episode's budget, ``max_new_tokens``, which
+    counts every token of the episode, the environment's observations included)."""
     engine: Literal["hf", "vllm"] = "hf"
     """hf | vllm: what samples the rollouts. hf: the project's KV-cached loop over the transformers model (the policy
     itself, or the copy ``sampler_dtype`` / ``staleness`` / ``sampler_attention`` ask for). vllm: a vLLM engine in this
@@ -120,6 +126,11 @@ class RolloutConfig:
     """vllm on CPU: the engine's KV-cache space in whole GiB (VLLM_CPU_KVCACHE_SPACE)."""
 
     def __post_init__(self) -> None:
+        if self.max_turns < 1 or (self.turn_tokens is not None and self.turn_tokens < 1):
+            raise ValueError(
+                f"rollout.max_turns (got {self.max_turns}) and rollout.turn_tokens (got {self.turn_tokens}) must be "
+                ">= 1 (turn_tokens may be null: no per-turn cap)"
+            )
         if self.staleness < 0:
             raise ValueError(
                 f"rollout.staleness must be >= 0 (updates between sampling and training), got {self.staleness}"
@@ -467,6 +478,8 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "rollout.prompt_pool": "all",
     "rollout.pool_samples": 4,
     "rollout.pool_screened": 2048,
+    "rollout.max_turns": 1,
+    "rollout.turn_tokens": None,
     "optim.decay": "constant",
     "optim.min_lr_ratio": 0.0,
     "rollout.engine": "hf",

@@ -21,6 +21,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, IterableDataset
 
+from bench.engine.episode import Turn
+
 Split = Literal["train", "val", "test"]
 
 
@@ -288,6 +290,25 @@ class Task(L.LightningDataModule):
         harness places each on the token holding that character (``algorithm.reward_shaping=process``)."""
         return None
 
+    # ---- environments: multi-turn episodes (optional) -------------------------------------------------------------
+    def reset(self, example: Example, seed: int) -> tuple[str, Any]:
+        """An environment task starts an episode: -> (the first observation, the episode's state). The prompt,
+        ``instruction(example)``, must show that observation; every episode of a group is reset with the same
+        ``seed`` (the same world). The state is whatever ``step`` needs; nothing outside the task reads it."""
+        raise NotImplementedError
+
+    def step(self, state: Any, action: str) -> Turn:
+        """The environment's answer to one action (the policy's decoded turn, untrusted text): the next observation,
+        the turn's reward, whether the episode is over, and its reward components so far. Never raises on any
+        action, and bounded in time like ``reward``. A task that defines it is an environment (bench/engine/
+        episode.py runs its episodes); ``reward`` is then not called."""
+        raise NotImplementedError
+
+    @property
+    def is_environment(self) -> bool:
+        """Whether the task answers between turns (it defines ``step``)."""
+        return type(self).step is not Task.step
+
     # ---- batches ------------------------------------------------------------------------------------------------
     def collate_prompts(self, examples: Sequence[Example]) -> dict:
         prompts = [self.render_prompt(e) for e in examples]
@@ -307,9 +328,35 @@ class Task(L.LightningDataModule):
         rows = []
         for e in examples:
             p = tok(self.render_prompt(e), add_special_tokens=add_special).input_ids
+            if self.is_environment:
+                rows.append((p, *self.demonstration_episode(e)))
+                continue
             c = tok(e.demonstration, add_special_tokens=False).input_ids + [tok.eos_token_id]
             rows.append((p, c))
         return pad_demonstrations(rows, tok.pad_token_id)
+
+    def demonstration_episode(self, example: Example) -> tuple[list[int], list[bool]]:
+        """An environment's demonstration (its actions, ``example.demonstration``) replayed through ``reset`` (seed
+        0) and ``step`` into the episode's completion tokens, as bench/engine/episode.py lays an episode out: each
+        action and EOS (trained), then the observation (not trained) -> (ids, which ids are trained)."""
+        from bench.engine.episode import observation_text
+
+        tok = self.tokenizer
+        _, state = self.reset(example, 0)
+        ids: list[int] = []
+        trained: list[bool] = []
+        actions = list(example.demonstration)
+        for k, action in enumerate(actions):
+            a = tok(action, add_special_tokens=False).input_ids + [tok.eos_token_id]
+            ids += a
+            trained += [True] * len(a)
+            turn = self.step(state, action)
+            if turn.done or k == len(actions) - 1:
+                break
+            o = tok(observation_text(tok, turn.observation, True), add_special_tokens=False).input_ids
+            ids += o
+            trained += [False] * len(o)
+        return ids, trained
 
     def rl_prompts(self) -> list[Example]:
         """The train problems RL draws its prompts from: all of them, or the pool the algorithm chose."""
@@ -375,12 +422,15 @@ def _present(value, kind: type) -> bool:
     return isinstance(value, kind) and not isinstance(value, bool) and (value.strip() != "" if kind is str else True)
 
 
-def pad_demonstrations(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict:
-    """(prompt ids, completion ids) pairs -> the SFT batch: their concatenations right-padded with ``pad_id``,
-    ``labels`` -100 outside the completion, and the attention mask. On the host: Lightning moves the batch."""
-    ids = [torch.tensor(p + c, dtype=torch.long) for p, c in rows]  # host: the SFT batch
-    labels = [torch.tensor([-100] * len(p) + c, dtype=torch.long) for p, c in rows]  # host: the SFT batch
-    mask = [torch.ones(len(p) + len(c), dtype=torch.long) for p, c in rows]  # host: the SFT batch
+def pad_demonstrations(rows: list[tuple], pad_id: int) -> dict:
+    """(prompt ids, completion ids[, which completion ids are trained]) rows -> the SFT batch: their concatenations
+    right-padded with ``pad_id``, ``labels`` -100 outside the completion (and on its untrained ids: an episode's
+    observations), and the attention mask. On the host: Lightning moves the batch."""
+    rows = [(r[0], r[1], r[2] if len(r) > 2 else [True] * len(r[1])) for r in rows]
+    ids = [torch.tensor(p + c, dtype=torch.long) for p, c, _ in rows]  # host: the SFT batch
+    labels = [torch.tensor([-100] * len(p) + [t if k else -100 for t, k in zip(c, keep, strict=True)],
+                           dtype=torch.long) for p, c, keep in rows]  # host: the SFT batch  # fmt: skip
+    mask = [torch.ones(len(p) + len(c), dtype=torch.long) for p, c, _ in rows]  # host: the SFT batch
     return {"input_ids": pad_sequence(ids, batch_first=True, padding_value=pad_id),
             "attention_mask": pad_sequence(mask, batch_first=True),
             "labels": pad_sequence(labels, batch_first=True, padding_value=-100)}  # fmt: skip

@@ -84,7 +84,8 @@ CONTRACT = [
 # setting; make run and the default sweep train it); the contract tests keep the all-right ones they were sized on.
 ALL_RIGHT = ["task.demo_error_rate=0.0"]
 
-GENERATED = {"countdown", "chain", "delay"}  # tasks that need no data root
+GENERATED = {"countdown", "chain", "delay", "frozen_lake"}  # tasks that need no data root
+ENVIRONMENTS = {n for n in TASKS.names() if TASKS.get(n).step is not Task.step}  # multi-turn tasks
 
 
 def has_step_rewards(task: str) -> bool:
@@ -141,6 +142,8 @@ def test_every_algorithm_trains_on_every_task(name, task, store):
         pytest.skip(f"{name} differs from GRPO in its loss only (tests/test_off_policy.py, the fast contract test)")
     if task not in GENERATED and data_root() is None:
         pytest.skip("needs the data root (BENCH_DATA)")
+    if task in ENVIRONMENTS and not ALGORITHMS.get(name).multi_turn:
+        pytest.skip(f"{name} reads completions as one turn; {task} is an environment (refused at start-up, tested)")
     if needs_step_rewards(name) and not has_step_rewards(task):
         pytest.skip(f"{name} needs the task's step rewards (Task.process_rewards); {task} has none")
     args = [

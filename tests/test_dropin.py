@@ -69,6 +69,37 @@ def test_readme_example_task_trains_two_steps_via_include(tmp_path, store):
     assert "reverse" in listing.stdout and "Spell a random word backwards" in listing.stdout, listing.stdout
 
 
+def test_the_environment_example_trains_two_gigpo_steps_via_include(tmp_path, store):
+    """docs/environments.md's `guess` environment, dropped in with --include, warm-starts on its demonstrations
+    (whole episodes) and trains 2 GiGPO steps through the CLI; the run logs its turns, and the environment contract
+    (demonstrations score 1, hostile actions are ordinary turns) holds for it."""
+    d = tmp_path / "envtasks"
+    d.mkdir()
+    (d / "guess.py").write_text(readme_example("environment"))
+    args = [sys.executable, "-m", "bench", "train", "--include", str(d), "algorithm=gigpo", "task=guess", "init=sft",
+            "warm_start.max_steps=5", "trainer.max_steps=2", "trainer.eval_every=2", "trainer.progress_bar=false",
+            "task.num_eval=8", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_turns=6",
+            "rollout.turn_tokens=4", "rollout.max_new_tokens=48", "model.hidden_size=32", "model.num_layers=2",
+            "model.num_heads=2", "model.intermediate_size=64", *store["args"]]  # fmt: skip
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_id = re.search(r"MLflow run (\w+)", proc.stdout).group(1)
+    run = MlflowClient(tracking_uri=store["uri"]).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["task"] == "guess"
+    assert 1.0 <= run.data.metrics["rollout/turns_mean"] <= 6.0 and "reward/guesses" in run.data.metrics
+    from bench.registry import TASKS
+    from tests.test_tasks_contract import (
+        test_environment_demonstrations_reach_one_and_hostile_actions_are_ordinary_turns,
+    )
+
+    TASKS.include(d)
+    try:
+        test_environment_demonstrations_reach_one_and_hostile_actions_are_ordinary_turns("guess", tmp_path)
+    finally:
+        TASKS.dirs.remove(d.resolve())
+        TASKS._classes = None
+
+
 def test_unknown_task_error_lists_available(tmp_path):
     """An unknown task name exits with code 2 and an error listing the available tasks and a did-you-mean."""
     proc = subprocess.run(

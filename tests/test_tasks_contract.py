@@ -15,7 +15,12 @@ from omegaconf import OmegaConf
 from bench.config import compose
 from bench.engine.policy import char_tokenizer
 from bench.registry import TASKS
+from bench.task import RewardResult, Task
 from tests.conftest import data_root
+
+ENVIRONMENTS = sorted(n for n in TASKS.names() if TASKS.get(n).step is not Task.step)
+"""Environment tasks (multi-turn): their reward is their turns' (``step``), held to the contract below."""
+ENVIRONMENT_SKIP = "an environment: scored turn by turn (test_environment_* below), not by Task.reward"
 
 HOSTILE = [
     "",
@@ -60,6 +65,8 @@ def test_gold_scores_one_and_hostile_scores_zero_quickly(name):
     task's reward: the time limit its verifier enforces (``reward_time_bound_s``), or for a task whose reward has no
     limit of its own the characters it reads (``scan``: nothing beyond them changes the result). Never a machine
     speed."""
+    if name in ENVIRONMENTS:
+        pytest.skip(ENVIRONMENT_SKIP)
     task = loaded(name)
     for ex in task.eval_examples()[:20]:
         gold = task.gold_completion(ex)
@@ -210,6 +217,8 @@ def test_reward_fuzz_never_raises_stays_in_its_time_bound_and_leaves_data_intact
     sandbox's temporary directory stays empty."""
     from bench.sqlite_sandbox import temp_dir
 
+    if name in ENVIRONMENTS:
+        pytest.skip(ENVIRONMENT_SKIP)
     task = loaded(name, num_eval=20)
     examples = task.eval_examples()[:20]
     root = data_root()
@@ -253,3 +262,40 @@ def test_reward_fuzz_never_raises_stays_in_its_time_bound_and_leaves_data_intact
     assert len(formed) >= 15, f"{name}: only {len(formed)} well-formed cases were drawn"
     assert len(reached) >= len(formed) / 3, f"{name}: {len(reached)}/{len(formed)} well-formed cases reached {comp}"
     assert any(r.score < 1.0 for r in reached), f"{name}: no well-formed answer reached the verifier and was wrong"
+
+
+@pytest.mark.parametrize("name", ENVIRONMENTS)
+def test_environment_demonstrations_reach_one_and_hostile_actions_are_ordinary_turns(name, tmp_path):
+    """An environment's demonstrations, replayed through reset and step, score 1 where they are all-right (its
+    error knob at 0 by default); every hostile action is an ordinary turn: no exception, a reward in [0, 1], no file
+    written, and, for a task that declares ``scan``, nothing past the cap changes the turn."""
+    task = loaded(name)
+    data_before = _files(data_root())
+    for ex in task.eval_examples()[:20]:
+        if not ex.demonstration:
+            continue
+        _, state = task.reset(ex, 0)
+        turns = [task.step(state, a) for a in ex.demonstration]
+        res = RewardResult(sum(t.reward for t in turns), turns[-1].components)
+        assert turns[-1].done and task.is_correct(res), (name, ex.uid, ex.demonstration, res)
+    ex = task.eval_examples()[0]
+    marker = tmp_path / "x"
+    hostile = [*HOSTILE, f"__import__('os').system('touch {marker}')", f"open('{marker}', 'w')",
+               "().__class__.__base__.__subclasses__()"]  # fmt: skip
+    for text in hostile:
+        _, state = task.reset(ex, 0)
+        t0 = time.perf_counter()
+        turn = task.step(state, text)
+        dt = time.perf_counter() - t0
+        assert 0.0 <= turn.reward <= 1.0, (name, text[:30], turn)
+        if task.scan is None:
+            assert dt < task.reward_time_bound_s(), f"{name}: {dt:.2f}s on hostile action {text[:30]!r}"
+        else:
+            side, n = task.scan
+            kept = ((text or " ") * (n // max(len(text), 1) + 1))[:n]
+            outcomes = []
+            for junk in ("9 " * 40_000, "left right up down SELECT 1; " * 3_000):
+                _, state = task.reset(ex, 0)
+                outcomes.append(task.step(state, kept + junk if side == "head" else junk + kept))
+            assert outcomes[0] == outcomes[1], (name, text[:30])
+    assert not marker.exists() and _files(data_root()) == data_before

@@ -215,6 +215,10 @@ def _pad_cat(tensors: list[torch.Tensor], value, left: bool) -> torch.Tensor:
     return F.pad(out, (width - out.shape[1], 0) if left else (0, width - out.shape[1]), value=value)
 
 
+ROW_LISTS = ("anchors",)
+"""Rollout fields that are per-row Python lists (None when absent), kept in row order like ``texts``."""
+
+
 @dataclass
 class Rollout:
     """One rollout batch: P prompts x G completions, B = P*G rows, prompt p owns rows p*G .. p*G+G-1."""
@@ -247,6 +251,9 @@ class Rollout:
     macro_index: torch.Tensor | None = None  # [B, T] long: macro action of each token, −1 on padding (rl/segment.py)
     step_rewards: torch.Tensor | None = None  # [B, T] the task's process rewards on each step's last token
     step_ends: torch.Tensor | None = None  # [B, T] bool: the tokens where the task's steps end (process rewards)
+    action_tokens: torch.Tensor | None = None  # [B] long: episodes: tokens the policy generated (not observations)
+    turn_index: torch.Tensor | None = None  # [B, T] long: episodes: the turn of each token, −1 on padding
+    anchors: list | None = None  # [B] episodes: the observation each action answered, per turn (GiGPO's anchors)
     row_key: torch.Tensor | None = None  # [B] long: (round, global prompt, sample) of each row: one process's order
     owned: torch.Tensor | None = None  # [B] bool: the rows this rank trains (None: all; bench/dist.py)
 
@@ -258,6 +265,11 @@ class Rollout:
     def train_mask(self) -> torch.Tensor:
         """[B, T] tokens that enter the loss: ``loss_mask`` when a truncation policy set one, else ``mask``."""
         return self.mask if self.loss_mask is None else self.loss_mask
+
+    @property
+    def generated_tokens(self) -> torch.Tensor:
+        """[B] tokens the policy generated: the completion, less an episode's observations (prefilled, not sampled)."""
+        return self.lengths if self.action_tokens is None else self.action_tokens
 
     @property
     def num_groups(self) -> int:
@@ -276,7 +288,7 @@ class Rollout:
         out = {}
         for f in fields(first):
             vals = [getattr(p, f.name) for p in parts]
-            if f.name in ("examples", "texts"):
+            if f.name in ("examples", "texts") or (f.name in ROW_LISTS and vals[0] is not None):
                 out[f.name] = [x for v in vals for x in v]
             elif f.name == "group_size":
                 out[f.name] = first.group_size
@@ -285,7 +297,8 @@ class Rollout:
             elif vals[0] is None:
                 out[f.name] = None
             elif vals[0].dim() == 2:  # padding is masked: its value never matters
-                out[f.name] = _pad_cat(vals, 0, left=f.name in ("prompt_ids", "prompt_mask"))
+                pad = -1 if f.name in ("macro_index", "turn_index") else 0
+                out[f.name] = _pad_cat(vals, pad, left=f.name in ("prompt_ids", "prompt_mask"))
             else:
                 out[f.name] = torch.cat(vals)
         return Rollout(**out)
@@ -302,7 +315,7 @@ class Rollout:
             v = getattr(self, f.name)
             if f.name == "owned":
                 continue
-            if f.name in ("examples", "texts"):
+            if f.name in ("examples", "texts") or (f.name in ROW_LISTS and v is not None):
                 out[f.name] = [x for part in dist.gather_objects(v) for x in part]
             elif f.name == "group_size":
                 out[f.name] = v
@@ -311,7 +324,7 @@ class Rollout:
             elif v is None:
                 out[f.name] = None
             else:
-                pad = -1 if f.name == "macro_index" else 0
+                pad = -1 if f.name in ("macro_index", "turn_index") else 0
                 out[f.name], counts = dist.gather_rows(v, pad, left=f.name in ("prompt_ids", "prompt_mask"))
         mine = torch.zeros(sum(counts), dtype=torch.bool, device=self.mask.device)
         start = sum(counts[: dist.rank()])
@@ -330,7 +343,7 @@ class Rollout:
             v = getattr(self, f.name)
             if f.name == "examples":
                 v = [v[i] for i in groups.tolist()]
-            elif f.name == "texts":
+            elif f.name in ("texts", *ROW_LISTS) and v is not None:
                 v = [v[i] for i in rows.tolist()]
             elif f.name == "components":
                 v = {k: t[rows.to(t.device)] for k, t in v.items()}

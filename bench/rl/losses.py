@@ -256,8 +256,10 @@ def process_advantages(
 
 
 def terminal_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Place each sequence's score on its last unmasked token ([B], [B, T] -> [B, T])."""
-    last = (mask.sum(-1).long() - 1).clamp(min=0)  # masks are prefixes
+    """Place each sequence's score on its last unmasked token ([B], [B, T] -> [B, T]). The mask may have holes (an
+    episode's loss mask leaves out the environment's tokens): the last unmasked position, not the count."""
+    t = torch.arange(mask.shape[-1], device=mask.device)
+    last = torch.where(mask.bool(), t, torch.zeros_like(t)).argmax(-1)  # a prefix mask: its length − 1
     out = torch.zeros_like(mask, dtype=scores.dtype)
     return out.scatter(-1, last.unsqueeze(-1), scores.unsqueeze(-1)) * (mask.sum(-1, keepdim=True) > 0)
 

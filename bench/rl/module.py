@@ -24,11 +24,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from bench import dist
 from bench.engine.behaviour import BehaviourPolicy
+from bench.engine.episode import Episodes, episode_metrics, run_episodes
 from bench.engine.policy import Reference, completion_logprobs
-from bench.engine.rollout import Generation, Rollout, generate, sample_seed
+from bench.engine.rollout import Generation, Rollout, branch, generate, sample_seed
 from bench.rl.losses import Norm, terminal_rewards, zero_variance_groups
 from bench.rl.segment import step_token_rewards
 from bench.stats import binomial_se, mean_se, pass_at_k
+from bench.task import RewardResult
 
 ENGINE_MAX_LEN = 4096
 """The longest sequence (prompt + completion) the vLLM engine is built for, below the model's own limit."""
@@ -88,6 +90,9 @@ class PolicyModule(L.LightningModule):
     needs_entropy: bool = False
     """Whether the full-vocabulary entropy of π_old per token is stored on each rollout (``Rollout.entropy``),
     computed in the same forward as log π_old."""
+    multi_turn: ClassVar[bool] = False
+    """Whether the algorithm trains on an environment task's episodes (bench/engine/episode.py): it reads a rollout's
+    loss mask, scores and turn rewards, never a completion as one turn's text (no re-scoring, branching or spans)."""
 
     @classmethod
     def prepare(cls, cfg):
@@ -105,6 +110,15 @@ class PolicyModule(L.LightningModule):
         self.checkpoint_path = None  # set by the driver: where periodic and final checkpoints go
         self.last_eval_step = -1
         self.eval_history: list[tuple[int, dict]] = []
+        if getattr(task, "is_environment", False) and not self.multi_turn:
+            from bench.config import ConfigError
+            from bench.registry import ALGORITHMS
+
+            able = [n for n in ALGORITHMS.names() if ALGORITHMS.get(n).multi_turn]
+            raise ConfigError(
+                f"algorithm={cfg.algorithm.name} reads each completion as one turn's text, and task={task.cfg.name} "
+                f"is an environment (multi-turn episodes). Algorithms that train on episodes: {', '.join(able)}"
+            )
 
     # ---- optimisation -------------------------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -293,9 +307,9 @@ class PolicyModule(L.LightningModule):
         outcomes: list[dict] = [{"uid": ex.uid} for ex in examples]
         rows, components = [], defaultdict(list)
         with dist.full_weights(self.policy):  # FSDP: each rank decodes its own problems on the whole weights
-            for start, chunk, texts, lengths in self._generations(examples, 1, 0.0):
+            for start, chunk, texts, lengths, results in self._generations(examples, 1, 0.0):
                 for i, (ex, text, n) in enumerate(zip(chunk, texts, lengths, strict=True)):
-                    res = self.task.reward(ex, text)
+                    res = results[i] if results else self.task.reward(ex, text)
                     outcomes[start + i].update(correct=int(self.task.is_correct(res)), score=float(res.score), length=n)
                     for k, v in res.components.items():
                         components[k].append(float(v))
@@ -311,9 +325,10 @@ class PolicyModule(L.LightningModule):
                         )
             k = e.samples_per_problem
             if k:
-                for start, chunk, texts, lengths in self._generations(examples, k, e.temperature):
+                for start, chunk, texts, lengths, scored in self._generations(examples, k, e.temperature):
                     for i, ex in enumerate(chunk):
-                        results = [self.task.reward(ex, t) for t in texts[i * k : (i + 1) * k]]
+                        results = scored[i * k : (i + 1) * k] if scored else [
+                            self.task.reward(ex, t) for t in texts[i * k : (i + 1) * k]]  # fmt: skip
                         outcomes[start + i].update(
                             n=k,
                             n_correct=sum(self.task.is_correct(r) for r in results),
@@ -349,38 +364,66 @@ class PolicyModule(L.LightningModule):
         return metrics
 
     def _generations(self, examples: list, group: int, temperature: float, *, tag: tuple = (), rollout: bool = False):
-        """Yield (first index, problems, decoded completions, lengths) chunk by chunk, ``eval.batch_size`` completions a
-        chunk; ``group`` completions per problem, each problem's sampler seeded by (run seed, ``tag``, uid) so its
-        samples do not depend on the batch layout (``tag`` defaults to ("eval", group)). top_p and the token budget
-        are the evaluation's, or with ``rollout`` the rollout's."""
+        """Yield (first index, problems, decoded completions, lengths, results) chunk by chunk, ``eval.batch_size``
+        completions a chunk; ``group`` completions per problem, each problem's sampler seeded by (run seed, ``tag``,
+        uid) so its samples do not depend on the batch layout (``tag`` defaults to ("eval", group)). top_p and the
+        token budget are the evaluation's, or with ``rollout`` the rollout's. ``results``: None (the caller scores
+        the texts with ``Task.reward``), or for an environment task each episode's return and components; its
+        episodes are reset by (``tag``'s first part, uid) alone, so every run meets the same worlds."""
         e, r = self.cfg.eval, self.cfg.rollout
         tag = tag or ("eval", group)
         top_p, budget = (r.top_p, r.max_new_tokens) if rollout else (e.top_p, e.max_new_tokens or r.max_new_tokens)
         per_chunk = max(1, e.batch_size // group)
-        sampler = partial(generate, self.policy) if rollout else self.eval_sampler()
+        sampler, brancher = (partial(generate, self.policy), partial(branch, self.policy)) if rollout else (
+            self.eval_sampler(), self.eval_brancher())  # fmt: skip
         for start in range(0, len(examples), per_chunk):
             chunk = examples[start : start + per_chunk]
             batch = self.task.collate_prompts(chunk)
-            gen = sampler(
-                batch["prompt_ids"].to(self.device),
-                batch["prompt_mask"].to(self.device),
-                group_size=group,
-                max_new_tokens=budget,
-                temperature=temperature,
-                top_p=top_p if temperature > 0 else 1.0,
-                eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id,
-                seeds=[sample_seed(self.cfg.seed, *tag, ex.uid) for ex in chunk],
-                share_prompt_cache=r.share_prompt_cache,
-                compact_finished=r.compact_finished,
-                static_cache=r.static_cache,
-            )
-            yield start, chunk, self.decode(gen.completion_ids, gen.mask), gen.lengths.tolist()
+            seeds = [sample_seed(self.cfg.seed, *tag, ex.uid) for ex in chunk]
+            args = (batch["prompt_ids"].to(self.device), batch["prompt_mask"].to(self.device))
+            kw = self.sampling_args(temperature, top_p if temperature > 0 else 1.0)
+            if self.task.is_environment:
+                env_seeds = [sample_seed(tag[0], "env", ex.uid) for ex in chunk]
+                ep = self.episodes(chunk, *args, group, seeds, env_seeds, sampler, brancher, budget, kw)
+                yield (
+                    start,
+                    chunk,
+                    self.decode(ep.completion_ids, ep.mask),
+                    ep.loss_mask.sum(1).long().tolist(),
+                    ep.results(),
+                )
+                continue
+            gen = sampler(*args, group_size=group, max_new_tokens=budget, seeds=seeds, **kw)
+            yield start, chunk, self.decode(gen.completion_ids, gen.mask), gen.lengths.tolist(), None
+
+    def sampling_args(self, temperature: float, top_p: float) -> dict:
+        """The engines' sampling keywords besides the prompts, the budget and the seeds."""
+        r = self.cfg.rollout
+        return {"temperature": temperature, "top_p": top_p, "eos_token_id": self.tokenizer.eos_token_id,
+                "pad_token_id": self.tokenizer.pad_token_id, "share_prompt_cache": r.share_prompt_cache,
+                "compact_finished": r.compact_finished, "static_cache": r.static_cache}  # fmt: skip
+
+    def episodes(self, examples, prompt_ids, prompt_mask, group, seeds, env_seeds, sampler, brancher, budget, kw):
+        """Episodes of an environment task (bench/engine/episode.py): turn 1 from ``sampler`` (an engine's
+        ``generate``), the next turns from ``brancher`` (its ``branch``), within ``rollout.max_turns`` and
+        ``rollout.turn_tokens`` and ``budget`` tokens an episode."""
+        r = self.cfg.rollout
+        return run_episodes(
+            self.task, self.tokenizer, examples, group,
+            lambda n: sampler(prompt_ids, prompt_mask, group_size=group, max_new_tokens=n, seeds=seeds, **kw),
+            lambda *a, **k: brancher(*a, **k, **kw),
+            prompt_ids=prompt_ids.repeat_interleave(group, 0), prompt_mask=prompt_mask.repeat_interleave(group, 0),
+            seeds=seeds, env_seeds=env_seeds, max_turns=r.max_turns, turn_tokens=r.turn_tokens, budget=budget,
+        )  # fmt: skip
 
     def eval_sampler(self):
         """What generates the evaluation's completions (bench.engine.rollout.generate's signature, without the
         model): the hf loop over the policy."""
         return partial(generate, self.policy)
+
+    def eval_brancher(self):
+        """What continues the evaluation's episodes (bench.engine.rollout.branch's signature, without the model)."""
+        return partial(branch, self.policy)
 
     def decode(self, completion_ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
         ids = [row[m.bool()].tolist() for row, m in zip(completion_ids.cpu(), mask.cpu(), strict=True)]
@@ -532,9 +575,13 @@ class RLModule(PolicyModule):
         screened = random.Random(f"pool-{self.cfg.seed}").sample(train, min(r.pool_screened or len(train), len(train)))
         kept, t0, was_training = [], time.perf_counter(), self.policy.training
         self.policy.eval()
-        for _, chunk, texts, lengths in self._generations(screened, k, r.temperature, tag=("pool",), rollout=True):
+        for _, chunk, texts, lengths, scored in self._generations(
+            screened, k, r.temperature, tag=("pool",), rollout=True
+        ):
             for i, ex in enumerate(chunk):
-                if any(self.task.is_correct(self.task.reward(ex, t)) for t in texts[i * k : (i + 1) * k]):
+                results = scored[i * k : (i + 1) * k] if scored else [
+                    self.task.reward(ex, t) for t in texts[i * k : (i + 1) * k]]  # fmt: skip
+                if any(self.task.is_correct(res) for res in results):
                     kept.append(ex)
             self.samples_seen += len(texts)
             self.tokens_generated += sum(lengths)
@@ -563,7 +610,8 @@ class RLModule(PolicyModule):
         first = batch.get("first", 0)  # the global index of this rank's first prompt (bench/dist.py)
         seeds = [sample_seed(self.cfg.seed, *key, first + p) for p in range(P)]
         t0 = time.perf_counter()
-        gen = self.sample(batch, G, r.temperature, seeds)
+        episodes = self.task.is_environment
+        gen = self.play(batch, seeds, key, first) if episodes else self.sample(batch, G, r.temperature, seeds)
         ro = Rollout(
             examples=batch["examples"],
             prompt_ids=batch["prompt_ids"].repeat_interleave(G, 0),
@@ -576,9 +624,14 @@ class RLModule(PolicyModule):
             texts=self.decode(gen.completion_ids, gen.mask),
             group_size=G,
             row_key=(round * batch.get("total", P) + first) * G + torch.arange(P * G, device=self.device),
+            **(gen.rollout_fields() if episodes else {}),
         )
         t1 = time.perf_counter()
-        self.score(ro)
+        if episodes:  # scored turn by turn while they were played
+            self.set_scores(ro, gen.results())
+            self.step_stats.update(episode_metrics(gen))
+        else:
+            self.score(ro)
         self.timer["generation"] += t1 - t0
         self.timer["scoring"] += time.perf_counter() - t1
         if self.needs_greedy_baseline:
@@ -593,10 +646,32 @@ class RLModule(PolicyModule):
             self.timer["scoring"] += time.perf_counter() - t1
         return ro
 
+    def play(self, batch: dict, seeds: list[int], key: tuple, first: int) -> Episodes:
+        """An environment task's rollout: G episodes per prompt from the behaviour policy (its engine's ``generate``
+        for turn 1, ``branch`` for the next), the G episodes of a prompt reset with one seed (by run seed, step and
+        the prompt's global index)."""
+        r = self.cfg.rollout
+        env_seeds = [sample_seed(self.cfg.seed, *key, "env", first + p) for p in range(len(batch["examples"]))]
+        was_training = self.policy.training
+        self.policy.eval()
+        try:
+            return self.episodes(
+                batch["examples"], batch["prompt_ids"], batch["prompt_mask"], r.group_size, seeds, env_seeds,
+                partial(self.behaviour.generate, self.policy, self.step_count),
+                partial(self.behaviour.branch, self.policy, self.step_count),
+                r.max_new_tokens, self.sampling_args(r.temperature, r.top_p),
+            )  # fmt: skip
+        finally:
+            self.policy.train(was_training)
+
     def eval_sampler(self):
         """``eval.engine=rollout`` with an engine: the engine, sent the policy's current weights first."""
         engine = self.behaviour.current(self.policy, self.step_count) if self.cfg.eval.engine == "rollout" else None
         return super().eval_sampler() if engine is None else engine.generate
+
+    def eval_brancher(self):
+        engine = self.behaviour.current(self.policy, self.step_count) if self.cfg.eval.engine == "rollout" else None
+        return super().eval_brancher() if engine is None else engine.branch
 
     def make_engine(self, policy):
         """The vLLM engine of ``rollout.engine=vllm`` (bench/engine/vllm.py), built from ``policy`` in the run's
@@ -676,16 +751,25 @@ class RLModule(PolicyModule):
 
     def score(self, ro: Rollout) -> None:
         G = ro.group_size
-        results = [self.task.reward(ro.examples[i // G], text) for i, text in enumerate(ro.texts)]
+        if self.task.is_environment:
+            raise NotImplementedError(
+                f"algorithm {self.cfg.algorithm.name!r} scores completions it generates itself as one-turn text "
+                f"(Task.reward), which environment task {self.task.cfg.name!r} does not have: choose an algorithm "
+                "whose rollouts are the step's episodes (docs/algorithms.md, multi-turn)"
+            )
+        self.set_scores(ro, [self.task.reward(ro.examples[i // G], text) for i, text in enumerate(ro.texts)])
+        if self.needs_process_rewards:
+            steps = [self.task.process_rewards(ro.examples[i // G], text) for i, text in enumerate(ro.texts)]
+            decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731  (as in decode())
+            ro.step_rewards, ro.step_ends = step_token_rewards(steps, ro.completion_ids, ro.mask, decode)
+
+    def set_scores(self, ro: Rollout, results: list[RewardResult]) -> None:
+        """``ro.scores``, ``correct`` and ``components`` from one result per row."""
         ro.scores = torch.tensor([res.score for res in results], dtype=torch.float32, device=self.device)
         ro.correct = torch.tensor([self.task.is_correct(res) for res in results], device=self.device)
         names = sorted({k for res in results for k in res.components})
         ro.components = {k: torch.tensor([res.components.get(k, 0.0) for res in results], device=self.device)
                          for k in names}  # fmt: skip
-        if self.needs_process_rewards:
-            steps = [self.task.process_rewards(ro.examples[i // G], text) for i, text in enumerate(ro.texts)]
-            decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731  (as in decode())
-            ro.step_rewards, ro.step_ends = step_token_rewards(steps, ro.completion_ids, ro.mask, decode)
 
     @staticmethod
     def local_prompts(batch: dict) -> dict:
@@ -771,7 +855,7 @@ class RLModule(PolicyModule):
         ro.old_logp = torch.cat(old)
         ro.entropy = torch.cat(ent) if self.needs_entropy else None
         if r.logp_from_sampler and self.sampler_logp_ok is None and self.behaviour.is_policy:  # does μ match π_old?
-            gap = float(((ro.sampler_logp - ro.old_logp).abs() * ro.mask).max())
+            gap = float(((ro.sampler_logp - ro.old_logp).abs() * ro.train_mask).max())
             self.sampler_logp_ok = gap <= r.logp_tolerance
             if not self.sampler_logp_ok:
                 rank_zero_warn(
@@ -805,9 +889,9 @@ class RLModule(PolicyModule):
         t2 = time.perf_counter()
         self.extra_tokens = int(dist.sum_floats(self.extra_tokens)[0])
         self.samples_seen += everything.size + int(dist.sum_floats(self.extra_samples)[0])
-        self.tokens_generated += int(everything.lengths.sum())
+        self.tokens_generated += int(everything.generated_tokens.sum())
         collect_stats |= {"rollout/generated_samples": everything.size,
-                          "rollout/generated_tokens": int(everything.lengths.sum())}  # fmt: skip
+                          "rollout/generated_tokens": int(everything.generated_tokens.sum())}  # fmt: skip
         self.tokens_generated += self.extra_tokens
         G = ro.group_size
         # reward/ and rollout/ statistics describe every generated sample (what the policy did), not only the kept ones
@@ -836,7 +920,7 @@ class RLModule(PolicyModule):
         if ro.size > 0:
             m["reward/shaped_mean"] = ro.rewards.mean()
         if ro.size > 0 and ro.old_logp is not None and ro.old_logp is not ro.sampler_logp:  # from the sampler: 0
-            m["rollout/sampler_logp_gap_max"] = ((ro.sampler_logp - ro.old_logp).abs() * ro.mask).max()
+            m["rollout/sampler_logp_gap_max"] = ((ro.sampler_logp - ro.old_logp).abs() * ro.train_mask).max()
         m.update({f"reward/{k}": v.mean() for k, v in everything.components.items()})
         m.update(collect_stats)
         m.update(stats)

@@ -431,6 +431,7 @@ class PolicyGradient(RLModule):
     subclasses it with its config (the paper's defaults) and writes nothing else unless its paper needs it."""
 
     Config = PolicyGradientConfig
+    multi_turn = True  # the family reads scores, the loss mask and step rewards (files that read more set False)
     reads_behaviour_weights: bool = True
     """Whether ``loss`` applies ``rows["is_weight"]`` (an algorithm with its own surrogate that does not sets False,
     and a correction other than none is then refused at start-up rather than ignored)."""
@@ -481,7 +482,7 @@ class PolicyGradient(RLModule):
         ro.rewards, ro.token_rewards, ro.loss_mask = shape_rewards(
             self.acfg,
             ro.scores,
-            ro.mask,
+            ro.train_mask,  # episodes: the policy's tokens only (the environment's are never rewarded or trained)
             ro.lengths,
             ro.truncated,
             self.cfg.rollout.max_new_tokens,

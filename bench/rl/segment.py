@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-MacroWeight = Literal["equal", "unit", "position"]
+MacroWeight = Literal["equal", "unit", "position", "first"]
 
 
 def macro_index(starts: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -65,9 +65,14 @@ def _unit(index: torch.Tensor) -> torch.Tensor:
     return is_last.float()
 
 
+def _first(index: torch.Tensor) -> torch.Tensor:
+    return (_position_in_macro(index) == 0).float()
+
+
 SIGMA: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "equal": lambda index: torch.ones_like(index, dtype=torch.float),
     "unit": _unit,
+    "first": _first,
     "position": lambda index: 1.0 / (_position_in_macro(index) + 1).float(),
 }
 
