@@ -5,6 +5,8 @@ method's hand-computed values and reductions."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -473,3 +475,61 @@ def test_a_multi_turn_run_resumed_mid_training_is_one_run_and_the_uninterrupted_
     wa = load_file(str(whole.run_dir / "final" / "model.safetensors"))
     wb = load_file(str(again.run_dir / "final" / "model.safetensors"))
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
+
+
+# ---- text-to-SQL with execution feedback ---------------------------------------------------------------------------
+def _sql_task():
+    from tests.conftest import data_root
+
+    if data_root() is None:
+        pytest.skip("text_to_sql_feedback needs the data root (BENCH_DATA) for Spider's databases")
+    cfg = OmegaConf.to_object(compose(["algorithm=grpo", "task=text_to_sql_feedback", "task.num_eval=20"]))
+    return TASKS.get("text_to_sql_feedback")(cfg.task, char_tokenizer(), seed=0)
+
+
+def test_sql_feedback_answers_looks_refuses_writes_and_scores_the_solution():
+    """An exploratory query shows its rows (bounded), a failing or writing one its error (the database unchanged), an
+    untagged turn the format; the solution ends the episode scored by execution match, as the single-turn task."""
+    import hashlib
+
+    task = _sql_task()
+    from tasks.text_to_sql_feedback import first_table
+
+    ex = next(e for e in task.eval_examples() if first_table(e.answer["query"]))
+    table = first_table(ex.answer["query"])
+    db = Path(ex.answer["db_path"])
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    _, state = task.reset(ex, 0)
+    t = task.step(state, f"Let me look. <sql>SELECT 1, 2 FROM {table} LIMIT 2</sql>")
+    assert t.observation.startswith("2 columns, ") and not t.done and t.components["queries"] == 1.0, t
+    for bad in (f"<sql>DROP TABLE {table}</sql>", "<sql>ATTACH DATABASE '/tmp/x.db' AS x</sql>",
+                "<sql>SELECT * FROM no_such_table</sql>"):  # fmt: skip
+        t = task.step(state, bad)
+        assert t.observation.startswith("error:") and not t.done and t.reward == 0.0, bad
+    assert not task.step(state, "SELECT 1").done  # no tag: told the format
+    t = task.step(state, f"<solution>{ex.answer['query']}</solution>")
+    assert (t.reward, t.done, t.components["matches"], t.components["answered"]) == (1.0, True, 1.0, 1.0)
+    assert t.components["queries"] == 4.0
+    _, state = task.reset(ex, 0)
+    t = task.step(state, "<solution>SELECT 1</solution>")
+    assert (t.reward, t.done, t.components["matches"]) == (0.0, True, 0.0)
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before and not Path("/tmp/x.db").exists()
+    long = "<sql>SELECT " + "1," * 20_000 + "1</sql>"  # past the cap the tag never closes: the format hint
+    _, state = task.reset(ex, 0)
+    assert task.step(state, long).observation.startswith("Answer with")
+
+
+def test_sql_feedback_trains_end_to_end_and_logs_its_turns(store):
+    """GRPO over SQL episodes on the tiny model, 2 steps from its warm start on the demonstrations (look, then
+    answer): FINISHED, and the per-turn metrics are read back from MLflow."""
+    _sql_task()
+    args = ["algorithm=grpo", "task=text_to_sql_feedback", *SMALL, "init=sft", "warm_start.max_steps=5",
+            "rollout.max_new_tokens=500", "rollout.turn_tokens=120", "rollout.max_turns=3", "trainer.max_steps=2",
+            "trainer.eval_every=2", "task.num_eval=4", "trainer.progress_bar=false", *store["args"]]  # fmt: skip
+    result = train(compose(args))
+    client = MlflowClient(tracking_uri=store["uri"])
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    for key in ("rollout/turns_mean", "rollout/turn_len_mean", "rollout/observation_len_mean", "reward/queries",
+                "reward/answered", "eval/accuracy"):  # fmt: skip
+        assert len(client.get_metric_history(result.run_id, key)) >= 1, key
