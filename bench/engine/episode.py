@@ -209,17 +209,31 @@ def run_episodes(
     )
 
 
-def episode_metrics(ep: Episodes) -> dict[str, float]:
-    """``rollout/`` statistics of a batch of episodes: turns, per-turn reward and length, and how episodes ended."""
-    turns = ep.turns.float()
-    n_turns = max(float(turns.sum()), 1.0)
+def episode_sums(ep: Episodes) -> dict[str, float]:
+    """Counts over a batch of episodes that add up across batches and ranks (``episode_metrics`` turns them into
+    rates)."""
     return {
-        "rollout/turns_mean": float(turns.mean()),
-        "rollout/turns_max": float(turns.max()),
-        "rollout/turn_reward_mean": sum(map(sum, ep.turn_rewards)) / n_turns,
-        "rollout/turn_len_mean": float(ep.loss_mask.sum()) / n_turns,
-        "rollout/turn_truncated_frac": float(ep.turns_truncated.sum()) / n_turns,
-        "rollout/episode_truncated_frac": float(ep.truncated.float().mean()),
-        "rollout/turn_limit_frac": float(ep.turn_limit.float().mean()),
-        "rollout/observation_len_mean": float((ep.mask - ep.loss_mask).sum()) / n_turns,
+        "episodes": float(len(ep.returns)),
+        "turns": float(ep.turns.sum()),
+        "turn_reward": float(sum(map(sum, ep.turn_rewards))),
+        "action_tokens": float(ep.loss_mask.sum()),
+        "observation_tokens": float((ep.mask - ep.loss_mask).sum()),
+        "turns_truncated": float(ep.turns_truncated.sum()),
+        "episodes_truncated": float(ep.truncated.sum()),
+        "turn_limit": float(ep.turn_limit.sum()),
+    }
+
+
+def episode_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """``rollout/`` statistics of episodes from their ``episode_sums`` (of one batch, or summed over ranks): turns,
+    per-turn reward and length, and how episodes ended."""
+    n, turns = max(sums["episodes"], 1.0), max(sums["turns"], 1.0)
+    return {
+        "rollout/turns_mean": sums["turns"] / n,
+        "rollout/turn_reward_mean": sums["turn_reward"] / turns,
+        "rollout/turn_len_mean": sums["action_tokens"] / turns,
+        "rollout/observation_len_mean": sums["observation_tokens"] / turns,
+        "rollout/turn_truncated_frac": sums["turns_truncated"] / turns,
+        "rollout/episode_truncated_frac": sums["episodes_truncated"] / n,
+        "rollout/turn_limit_frac": sums["turn_limit"] / n,
     }

@@ -24,7 +24,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from bench import dist
 from bench.engine.behaviour import BehaviourPolicy
-from bench.engine.episode import Episodes, episode_metrics, run_episodes
+from bench.engine.episode import Episodes, episode_metrics, episode_sums, run_episodes
 from bench.engine.policy import Reference, completion_logprobs
 from bench.engine.rollout import Generation, Rollout, branch, generate, sample_seed
 from bench.rl.losses import Norm, terminal_rewards, zero_variance_groups
@@ -450,6 +450,7 @@ class RLModule(PolicyModule):
         self.extra_samples = 0  # samples generated this step outside the trained groups (VinePPO's continuations)
         self.timer: dict[str, float] = defaultdict(float)
         self.step_stats: dict[str, float] = {}  # diagnostics a hook computed this step (e.g. advantage statistics)
+        self.episode_counts: dict[str, float] = defaultdict(float)  # episode_sums of this step's episodes
         self.sampler_logp_ok: bool | None = None  # rollout.logp_from_sampler: the first step's check (None: not yet)
         r = cfg.rollout
         engine = self.make_engine if r.engine == "vllm" else None
@@ -629,7 +630,8 @@ class RLModule(PolicyModule):
         t1 = time.perf_counter()
         if episodes:  # scored turn by turn while they were played
             self.set_scores(ro, gen.results())
-            self.step_stats.update(episode_metrics(gen))
+            for k, v in episode_sums(gen).items():  # every round's, summed over ranks in training_step
+                self.episode_counts[k] += v
         else:
             self.score(ro)
         self.timer["generation"] += t1 - t0
@@ -870,6 +872,7 @@ class RLModule(PolicyModule):
         self.extra_samples = 0  # samples generated this step outside the trained groups (e.g. VinePPO's continuations)
         self.timer = defaultdict(float)
         self.step_stats = {}
+        self.episode_counts = defaultdict(float)
         self.loss_calls = 0
         stats: dict[str, float] = {}
         with dist.full_weights(self.policy):  # FSDP: each rank's own rollout forwards run on the whole weights
@@ -923,6 +926,8 @@ class RLModule(PolicyModule):
             m["rollout/sampler_logp_gap_max"] = ((ro.sampler_logp - ro.old_logp).abs() * ro.train_mask).max()
         m.update({f"reward/{k}": v.mean() for k, v in everything.components.items()})
         m.update(collect_stats)
+        if self.episode_counts:  # an environment task: its episodes' statistics over every rank's
+            m.update(episode_metrics(dist.sum_dict(dict(self.episode_counts))))
         m.update(stats)
         m.update(self.step_stats)
         self.log_metrics(m)
