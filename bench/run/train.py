@@ -204,7 +204,8 @@ def ensure_sft(cfg: DictConfig) -> Path:
                 # the run's precision too (bf16-mixed: a bfloat16 warm start, keyed apart from the float32 one)
                 **{k: cfg.trainer[k] for k in ("accelerator", "devices", "num_nodes", "strategy", "precision")},
             },
-            "rollout": {"max_new_tokens": cfg.rollout.max_new_tokens},
+            # the run's token budget, and an environment's turn limits (the warm start's evaluation plays episodes)
+            "rollout": {k: cfg.rollout[k] for k in ("max_new_tokens", "max_turns", "turn_tokens")},
         },
         OmegaConf.from_dotlist(list(cfg.warm_start.overrides)),
     )
