@@ -5,6 +5,7 @@ method's hand-computed values and reductions."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -217,7 +218,7 @@ def _module(name: str, store_args, *extra):
     return ALGORITHMS.get(name)(obj, policy, tok, task), task
 
 
-@pytest.mark.parametrize("name", ["grpo", "gigpo", "loop", "turn_ppo"])
+@pytest.mark.parametrize("name", ["grpo", "gigpo", "loop", "turn_ppo", "empg"])
 def test_the_environments_tokens_get_exactly_zero_gradient(name, store):
     """Through the module's own rollout, advantages and loss: d loss / d log π at every environment token is exactly
     0, at the action tokens it is not."""
@@ -377,7 +378,7 @@ def test_loop_advantage_is_leave_one_out_and_its_clip_interval_is_a_choice(store
 
 
 # ---- end to end -----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["grpo", "gigpo", "loop", "turn_ppo"])
+@pytest.mark.parametrize("name", ["grpo", "gigpo", "loop", "turn_ppo", "empg"])
 def test_each_method_trains_on_frozen_lake_and_logs_the_turns(name, store):
     args = [f"algorithm={name}", "task=frozen_lake", *SMALL, "task.num_maps=200", "rollout.max_new_tokens=80",
             "trainer.max_steps=2", "trainer.eval_every=2", "trainer.progress_bar=false", *store["args"]]  # fmt: skip
@@ -533,3 +534,35 @@ def test_sql_feedback_trains_end_to_end_and_logs_its_turns(store):
     for key in ("rollout/turns_mean", "rollout/turn_len_mean", "rollout/observation_len_mean", "reward/queries",
                 "reward/answered", "eval/accuracy"):  # fmt: skip
         assert len(client.get_metric_history(result.run_id, key)) >= 1, key
+
+
+# ---- EMPG -----------------------------------------------------------------------------------------------------------
+def test_empg_hand_computed_values_and_its_bonus_whatever_the_sign():
+    """Episode 0 has two steps (token entropies 0 | 1), episode 1 one step (0.5); episode advantages [1, −1].
+    Ĥ = [0, 1, 0.5]; g = exp(−Ĥ)/mean = [1.51944, 0.55897, 0.92158]; the bonus ζ·f(Ĥ_next) = 0.1·e^−1 on episode 0's
+    first step only; A_mod = [1.55623, 0.55897, −0.92158], centred by its mean 0.39787."""
+    from algorithms.empg import EMPGConfig, empg_advantages
+
+    index = torch.tensor([[0, 0, -1, 1], [0, -1, -1, -1]])
+    entropy = torch.tensor([[0.0, 0.0, 7.0, 1.0], [0.5, 9.0, 9.0, 9.0]])  # off-step entropies never read
+    adv = empg_advantages(torch.tensor([1.0, -1.0]), entropy, index, EMPGConfig())
+    assert adv.flatten().tolist() == pytest.approx([1.158362, 1.158362, 0, 0.161103, -1.319465, 0, 0, 0], abs=1e-5)
+    # the bonus is the same whether the outcome was good or bad (it can flip a small negative advantage)
+    no_bonus = EMPGConfig(zeta=0.0)
+    for a in (0.5, -0.5):
+        a = torch.tensor([a, -a])
+        diff = empg_advantages(a, entropy, index, EMPGConfig()) - empg_advantages(a, entropy, index, no_bonus)
+        assert diff[0, 0] == pytest.approx(0.1 * math.exp(-1) * 2 / 3, abs=1e-6)  # ζ f − mean(ζ f) over 3 steps
+    small = empg_advantages(torch.tensor([-0.01, 0.01]), entropy, index, EMPGConfig(zeta=1.0))
+    assert small[0, 0] > 0
+
+
+def test_empg_with_equal_entropies_and_one_step_is_grpo():
+    from algorithms.empg import EMPGConfig, empg_advantages
+    from bench.rl.losses import group_advantages
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    a = group_advantages(rewards, 4, scale="std")
+    index = torch.zeros(8, 3, dtype=torch.long)
+    adv = empg_advantages(a, torch.full((8, 3), 0.7), index, EMPGConfig())
+    assert torch.allclose(adv, a.unsqueeze(-1).expand(8, 3), atol=1e-6)
