@@ -31,7 +31,7 @@ Deviations from the paper
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Literal
 
@@ -125,6 +125,17 @@ def gigpo_advantages(rewards, step_rewards, step_ends, turn_index, mask, anchors
     return torch.where(mask.bool(), adv, torch.zeros_like(adv))
 
 
+def shared_turn_frac(anchors: list[list[str]], group_size: int) -> float:
+    """Share of the turns whose anchor state another turn of the same group also acted in (a step group of 2 or
+    more: the turns A^S can credit)."""
+    shared = total = 0
+    for p in range(0, len(anchors), group_size):
+        counts = Counter(a for row in anchors[p : p + group_size] for a in row)
+        shared += sum(c for c in counts.values() if c > 1)
+        total += sum(counts.values())
+    return shared / max(total, 1)
+
+
 class GiGPO(PolicyGradient):
     Config = GiGPOConfig
     description = "GiGPO (Feng et al. 2025): episode group advantage + anchor-state step group advantage, per turn"
@@ -140,6 +151,5 @@ class GiGPO(PolicyGradient):
             ends, turns, step_rewards = ro.step_ends, (ro.turn_index, ro.anchors), ro.step_rewards
         adv = gigpo_advantages(ro.rewards, step_rewards, ends, turns[0], ro.train_mask, turns[1], ro.group_size,
                                self.acfg)  # fmt: skip
-        shared = [len(set(a)) < len(a) for a in turns[1]]
-        self.step_stats["stats/gigpo_revisit_frac"] = sum(shared) / max(len(shared), 1)
+        self.step_stats["stats/gigpo_shared_turn_frac"] = shared_turn_frac(turns[1], ro.group_size)
         return adv

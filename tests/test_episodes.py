@@ -344,6 +344,13 @@ def test_gigpo_hand_computed_values():
     assert rows[:, 0].tolist() == pytest.approx([0.25, -0.75]) and eps[:, 0].tolist() == pytest.approx([0.5, -0.5])
 
 
+def test_gigpo_counts_the_turns_its_step_groups_can_credit():
+    from algorithms.gigpo import shared_turn_frac
+
+    # group 1: s0 twice (2 shared turns) of 4; group 2: nothing shared of 2
+    assert shared_turn_frac([["s0", "a"], ["s0", "b"], ["x"], ["y"]], 2) == pytest.approx(2 / 6)
+
+
 def test_gigpo_reduces_to_episode_grpo():
     """No anchor shared by two turns: A = A^E, GRPO's group z-score on every turn. One-turn episodes (every first turn
     answers the same observation): A = (1 + ω)·A^E. Constant returns: 0, never NaN."""
