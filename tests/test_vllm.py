@@ -224,6 +224,36 @@ def test_engine_continuations_stay_in_budget_and_their_logprobs_are_the_learners
 
 
 @needs_vllm
+def test_greedy_episodes_on_the_engine_equal_the_hf_engines(tiny):
+    """FrozenLake episodes (turn 1 from generate, turns 2.. from branch over the history) decoded greedily on the
+    float32 engine are the hf loop's, token for token, with the same turns, rewards and observations."""
+    from bench.engine.episode import run_episodes
+    from bench.engine.rollout import branch
+
+    cfg, policy, tokenizer, engine = tiny
+    lake = OmegaConf.to_object(compose(["algorithm=grpo", "task=frozen_lake", "task.num_maps=200"]))
+    task = TASKS.get("frozen_lake")(lake.task, tokenizer, seed=0)
+    exs = task.eval_examples()[:6]
+    batch = task.collate_prompts(exs)
+    kw = {"temperature": 0.0, "top_p": 1.0, "eos_token_id": tokenizer.eos_token_id,
+          "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
+    seeds = list(range(6))
+
+    def episodes(gen, br):
+        return run_episodes(
+            task, tokenizer, exs, 1,
+            lambda n: gen(batch["prompt_ids"], batch["prompt_mask"], group_size=1, max_new_tokens=n, seeds=seeds, **kw),
+            lambda *a, **k: br(*a, **k, **kw), prompt_ids=batch["prompt_ids"], prompt_mask=batch["prompt_mask"],
+            seeds=seeds, env_seeds=[3] * 6, max_turns=4, turn_tokens=3, budget=90,
+        )  # fmt: skip
+
+    hf = episodes(lambda *a, **k: generate(policy, *a, **k), lambda *a, **k: branch(policy, *a, **k))
+    vl = episodes(engine.generate, engine.branch)
+    assert torch.equal(hf.completion_ids, vl.completion_ids) and torch.equal(hf.loss_mask, vl.loss_mask)
+    assert hf.turn_rewards == vl.turn_rewards and hf.anchors == vl.anchors and int(hf.turns.max()) > 1
+
+
+@needs_vllm
 def test_vineppo_estimates_its_values_on_the_engine(tiny):
     """algorithm=vineppo with rollout.engine=vllm: the rollouts and the Monte-Carlo continuations both come from the
     engine, holding the step's weights; every continuation is counted as a sample."""
@@ -459,36 +489,6 @@ def test_engine_greedy_completions_equal_the_hf_engines_on_smollm2(tmp_path):
     engine = V.VLLMEngine(policy, tmp_path / "engine", dtype="float32", max_model_len=1024, seed=0, gpu_memory=0.3,
                           cpu_kv_gb=1)  # fmt: skip
     _greedy_equal(policy, tokenizer, engine, _prompts(cfg, tokenizer, 8), 48)
-
-
-@needs_vllm
-def test_greedy_episodes_on_the_engine_equal_the_hf_engines(tiny):
-    """FrozenLake episodes (turn 1 from generate, turns 2.. from branch over the history) decoded greedily on the
-    float32 engine are the hf loop's, token for token, with the same turns, rewards and observations."""
-    from bench.engine.episode import run_episodes
-    from bench.engine.rollout import branch
-
-    cfg, policy, tokenizer, engine = tiny
-    lake = OmegaConf.to_object(compose(["algorithm=grpo", "task=frozen_lake", "task.num_maps=200"]))
-    task = TASKS.get("frozen_lake")(lake.task, tokenizer, seed=0)
-    exs = task.eval_examples()[:6]
-    batch = task.collate_prompts(exs)
-    kw = {"temperature": 0.0, "top_p": 1.0, "eos_token_id": tokenizer.eos_token_id,
-          "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
-    seeds = list(range(6))
-
-    def episodes(gen, br):
-        return run_episodes(
-            task, tokenizer, exs, 1,
-            lambda n: gen(batch["prompt_ids"], batch["prompt_mask"], group_size=1, max_new_tokens=n, seeds=seeds, **kw),
-            lambda *a, **k: br(*a, **k, **kw), prompt_ids=batch["prompt_ids"], prompt_mask=batch["prompt_mask"],
-            seeds=seeds, env_seeds=[3] * 6, max_turns=4, turn_tokens=3, budget=90,
-        )  # fmt: skip
-
-    hf = episodes(lambda *a, **k: generate(policy, *a, **k), lambda *a, **k: branch(policy, *a, **k))
-    vl = episodes(engine.generate, engine.branch)
-    assert torch.equal(hf.completion_ids, vl.completion_ids) and torch.equal(hf.loss_mask, vl.loss_mask)
-    assert hf.turn_rewards == vl.turn_rewards and hf.anchors == vl.anchors and int(hf.turns.max()) > 1
 
 
 @needs_vllm

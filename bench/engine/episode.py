@@ -180,10 +180,11 @@ def run_episodes(
             break
 
     def padded(rows_, value, dtype):
-        return pad_sequence([torch.tensor(r, dtype=dtype) for r in rows_], batch_first=True, padding_value=value)
+        rows_ = [torch.tensor(r, dtype=dtype, device=device) for r in rows_]
+        return pad_sequence(rows_, batch_first=True, padding_value=value)
 
-    completion = padded(ids, pad, torch.long).to(device)  # host lists -> the rows' device
-    mask = padded([[1.0] * len(r) for r in ids], 0.0, torch.float32).to(device)
+    completion = padded(ids, pad, torch.long)
+    mask = padded([[1.0] * len(r) for r in ids], 0.0, torch.float32)
     step_ends = torch.zeros(mask.shape, dtype=torch.bool, device=device)
     step_rewards = torch.zeros(mask.shape, dtype=torch.float32, device=device)
     for i in range(B):
@@ -192,11 +193,11 @@ def run_episodes(
     return Episodes(
         completion_ids=completion,
         mask=mask,
-        sampler_logp=padded(logps, 0.0, torch.float32).to(device),
+        sampler_logp=padded(logps, 0.0, torch.float32),
         lengths=mask.sum(1).long(),
         truncated=torch.tensor(truncated, device=device),
-        loss_mask=padded(policy, 0.0, torch.float32).to(device),
-        turn_index=padded(turn_of, -1, torch.long).to(device),
+        loss_mask=padded(policy, 0.0, torch.float32),
+        turn_index=padded(turn_of, -1, torch.long),
         step_rewards=step_rewards,
         step_ends=step_ends,
         turns=torch.tensor([len(r) for r in rewards], device=device),

@@ -770,7 +770,7 @@ class RLModule(PolicyModule):
         ro.scores = torch.tensor([res.score for res in results], dtype=torch.float32, device=self.device)
         ro.correct = torch.tensor([self.task.is_correct(res) for res in results], device=self.device)
         names = sorted({k for res in results for k in res.components})
-        ro.components = {k: torch.tensor([res.components.get(k, 0.0) for res in results], device=self.device)
+        ro.components = {k: torch.tensor([float(res.components.get(k, 0.0)) for res in results], device=self.device)
                          for k in names}  # fmt: skip
 
     @staticmethod
