@@ -573,3 +573,14 @@ def test_empg_with_equal_entropies_and_one_step_is_grpo():
     index = torch.zeros(8, 3, dtype=torch.long)
     adv = empg_advantages(a, torch.full((8, 3), 0.7), index, EMPGConfig())
     assert torch.allclose(adv, a.unsqueeze(-1).expand(8, 3), atol=1e-6)
+
+
+def test_the_process_oracle_trains_on_the_shaped_turn_rewards(store):
+    """GRPO-PS with task.reward=shaped (lake_turns' oracle): each turn's distance progress is its step reward, the
+    start-up check accepts an environment's turns as steps, and the shaped return is what it trains on."""
+    args = ["algorithm=grpo_ps", "task=frozen_lake", "task.reward=shaped", *SMALL, "task.num_maps=200",
+            "rollout.max_new_tokens=80", "trainer.max_steps=2", "trainer.eval_every=2", "trainer.progress_bar=false",
+            *store["args"]]  # fmt: skip
+    result = train(compose(args))
+    run = MlflowClient(tracking_uri=store["uri"]).get_run(result.run_id)
+    assert run.info.status == "FINISHED" and "rollout/turn_reward_mean" in run.data.metrics

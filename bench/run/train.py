@@ -303,11 +303,13 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
     dm.tokenizer = tokenizer
     module = algo_cls(obj, policy, tokenizer, dm)
     module.init_source = str(init_path or cfg.init)
-    if module.needs_process_rewards and task_cls.process_rewards is Task.process_rewards:
+    if module.needs_process_rewards and task_cls.process_rewards is Task.process_rewards and not dm.is_environment:
         have = [n for n in TASKS.names() if TASKS.get(n).process_rewards is not Task.process_rewards]
+        envs = [n for n in TASKS.names() if TASKS.get(n).step is not Task.step]
         raise ConfigError(
             f"algorithm.reward_shaping=process needs the task's step rewards, but task {cfg.task.name!r} has no "
-            f"process_rewards; tasks that have them: {', '.join(have)}. Use algorithm.reward_shaping=outcome."
+            f"process_rewards; tasks that have them: {', '.join(have)}, and the environments, whose turns are the "
+            f"steps: {', '.join(envs)}. Use algorithm.reward_shaping=outcome."
         )
     if module.needs_reference:
         module.reference = Reference(policy)
