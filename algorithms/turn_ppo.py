@@ -40,8 +40,8 @@ from algorithms.ma_ppo import RATIOS as TURN_RATIOS
 from bench.engine.rollout import Rollout
 from bench.rl import losses as L
 from bench.rl import segment as S
-from bench.rl.objective import KLPlacement, TrustRegion
-from bench.rl.value import ActorCritic, ActorCriticConfig, CriticKind, clipped_value_loss, gae
+from bench.rl.objective import KLPlacement
+from bench.rl.value import ActorCritic, ActorCriticConfig, clipped_value_loss, gae
 
 
 @dataclass
@@ -50,17 +50,11 @@ class TurnPPOConfig(ActorCriticConfig):
     advantage: Literal["gae"] = "gae"
     ratio: Literal["token", "turn_product", "turn_geomean"] = "token"
     """ρ per token | Π_{t∈a_h} ρ_t | (Π_{t∈a_h} ρ_t)^{1/|a_h|}, each token then carrying its turn's"""
-    trust_region: TrustRegion = "clip"
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
     loss_agg: L.AggMode = "token-mean"
     kl_placement: KLPlacement = "reward"
     beta: float = 0.0
-    critic: CriticKind = "head"
     critic_lr: float | None = None
     """None: 10 x optim.lr (the paper: the critic learns faster than the actor)."""
-    value_clip: float | None = 0.2
-    vf_coef: float = 1.0
     gamma: float = 0.99
     """γ over turns"""
     lam: float = 0.9

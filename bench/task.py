@@ -436,6 +436,13 @@ def pad_demonstrations(rows: list[tuple], pad_id: int) -> dict:
             "labels": pad_sequence(labels, batch_first=True, padding_value=-100)}  # fmt: skip
 
 
+def environment_names() -> list[str]:
+    """The registered tasks that are environments (they define ``Task.step``), in registry order."""
+    from bench.registry import TASKS
+
+    return [n for n in TASKS.names() if TASKS.get(n).step is not Task.step]
+
+
 def sft_task(task_cfg) -> dict:
     """The task section an SFT warm start is trained with: ``task_cfg`` with the task's ``rl_only`` keys at their
     defaults, so that variants differing only in them share one warm start (and one cache entry)."""

@@ -14,7 +14,7 @@ from bench.config import compose
 from bench.registry import ALGORITHMS, TASKS
 from bench.rl.objective import CHOICES, PolicyGradientConfig
 from bench.run.train import train
-from bench.task import Task
+from bench.task import Task, environment_names
 from tests.conftest import data_root
 
 RL = [n for n in ALGORITHMS.names() if issubclass(ALGORITHMS.get(n).Config, PolicyGradientConfig)]
@@ -85,7 +85,7 @@ CONTRACT = [
 ALL_RIGHT = ["task.demo_error_rate=0.0"]
 
 GENERATED = {"countdown", "chain", "delay", "frozen_lake"}  # tasks that need no data root
-ENVIRONMENTS = {n for n in TASKS.names() if TASKS.get(n).step is not Task.step}  # multi-turn tasks
+ENVIRONMENTS = set(environment_names())  # multi-turn tasks
 # The methods that run on episodes, one of each way of reading them: episode z-score, resampled groups (dynamic
 # sampling), sequence ratio, return-to-go over the policy's tokens, step rewards, and the turn-level methods.
 ON_EPISODES = {"grpo", "dapo", "gspo", "reinforce_pp", "grpo_ps", "gigpo", "loop", "turn_ppo", "empg"}

@@ -15,10 +15,10 @@ from omegaconf import OmegaConf
 from bench.config import compose
 from bench.engine.policy import char_tokenizer
 from bench.registry import TASKS
-from bench.task import RewardResult, Task
+from bench.task import RewardResult, Task, environment_names
 from tests.conftest import data_root
 
-ENVIRONMENTS = sorted(n for n in TASKS.names() if TASKS.get(n).step is not Task.step)
+ENVIRONMENTS = sorted(environment_names())
 """Environment tasks (multi-turn): their reward is their turns' (``step``), held to the contract below."""
 ENVIRONMENT_SKIP = "an environment: scored turn by turn (test_environment_* below), not by Task.reward"
 
@@ -99,7 +99,6 @@ def assert_reads_only_its_scan(task, ex, text: str) -> None:
 
 def test_every_task_is_bounded_by_a_limit_or_a_scan_cap():
     """A task whose reward_time_bound_s is the unenforced default must declare the cap its reward reads within."""
-    from bench.task import Task
 
     for name in TASKS.names():
         cls = TASKS.get(name)

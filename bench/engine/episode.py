@@ -19,6 +19,7 @@ as truncated, scored by the rewards so far). The last token of a row is always a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +54,6 @@ class Episodes(Generation):
     turns: torch.Tensor = None  # [B] long: actions taken
     turn_limit: torch.Tensor = None  # [B] bool: stopped by max_turns before the environment said done
     turns_truncated: torch.Tensor = None  # [B] long: actions cut by turn_tokens or the budget (no EOS)
-    returns: list[float] = field(default_factory=list)  # [B] Σ of the turn rewards
     components: list[dict[str, float]] = field(default_factory=list)  # [B] the last turn's components
     anchors: list[list[str]] = field(default_factory=list)  # [B][turns] the observation each action answered
     turn_rewards: list[list[float]] = field(default_factory=list)  # [B][turns]
@@ -68,7 +68,7 @@ class Episodes(Generation):
         """[B] RewardResult: each episode's return as its score, the last turn's components."""
         from bench.task import RewardResult
 
-        return [RewardResult(score, dict(c)) for score, c in zip(self.returns, self.components, strict=True)]
+        return [RewardResult(sum(r), dict(c)) for r, c in zip(self.turn_rewards, self.components, strict=True)]
 
 
 def observation_text(tokenizer, observation: str, action_ended: bool) -> str:
@@ -78,14 +78,22 @@ def observation_text(tokenizer, observation: str, action_ended: bool) -> str:
     assistant message (else the template's closing marker is part of this text)."""
     if not getattr(tokenizer, "chat_template", None):
         return ("" if action_ended else "\n") + observation + "\n"
+    before, after = _turn_template(tokenizer, tokenizer.chat_template)
+    eos = tokenizer.eos_token or ""
+    if action_ended and eos and before.startswith(eos):
+        before = before[len(eos) :]
+    return before + observation + after
+
+
+@functools.lru_cache(maxsize=8)
+def _turn_template(tokenizer, chat_template: str) -> tuple[str, str]:
+    """What the chat template writes after an assistant message and around the next user message's content, rendered
+    once per tokenizer and template (``observation_text`` runs for every row at every turn)."""
     a, b, c = "\x00A\x00", "\x00B\x00", "\x00C\x00"  # markers no template writes
     msgs = [{"role": "user", "content": a}, {"role": "assistant", "content": b}, {"role": "user", "content": c}]
     full = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    text = full[full.index(b) + len(b) :].replace(c, observation)
-    eos = tokenizer.eos_token or ""
-    if action_ended and eos and text.startswith(eos):
-        text = text[len(eos) :]
-    return text
+    tail = full[full.index(b) + len(b) :]
+    return tail[: tail.index(c)], tail[tail.index(c) + len(c) :]
 
 
 def run_episodes(
@@ -129,7 +137,7 @@ def run_episodes(
     rewards: list[list[float]] = [[] for _ in range(B)]
     components: list[dict[str, float]] = [{} for _ in range(B)]
     cut = [0] * B
-    done, limit, truncated = [False] * B, [False] * B, [False] * B
+    limit, truncated = [False] * B, [False] * B
     live = list(range(B))
     for t in range(max_turns):
         if t == 0:
@@ -161,7 +169,6 @@ def run_episodes(
             rewards[i].append(float(turn.reward))
             components[i] = dict(turn.components)
             if turn.done:
-                done[i] = True
                 continue
             if t == max_turns - 1:
                 limit[i] = True
@@ -203,7 +210,6 @@ def run_episodes(
         turns=torch.tensor([len(r) for r in rewards], device=device),
         turn_limit=torch.tensor(limit, device=device),
         turns_truncated=torch.tensor(cut, device=device),
-        returns=[sum(r) for r in rewards],
         components=components,
         anchors=anchors,
         turn_rewards=rewards,
@@ -214,7 +220,7 @@ def episode_sums(ep: Episodes) -> dict[str, float]:
     """Counts over a batch of episodes that add up across batches and ranks (``episode_metrics`` turns them into
     rates)."""
     return {
-        "episodes": float(len(ep.returns)),
+        "episodes": float(len(ep.turn_rewards)),
         "turns": float(ep.turns.sum()),
         "turn_reward": float(sum(map(sum, ep.turn_rewards))),
         "action_tokens": float(ep.loss_mask.sum()),

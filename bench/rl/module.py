@@ -114,7 +114,7 @@ class PolicyModule(L.LightningModule):
             from bench.config import ConfigError
             from bench.registry import ALGORITHMS
 
-            able = [n for n in ALGORITHMS.names() if ALGORITHMS.get(n).multi_turn]
+            able = [n for n in ALGORITHMS.names() if ALGORITHMS.get(n).multi_turn]  # algorithms declare it
             raise ConfigError(
                 f"algorithm={cfg.algorithm.name} reads each completion as one turn's text, and task={task.cfg.name} "
                 f"is an environment (multi-turn episodes). Algorithms that train on episodes: {', '.join(able)}"
@@ -666,13 +666,16 @@ class RLModule(PolicyModule):
         finally:
             self.policy.train(was_training)
 
+    def eval_engine(self):
+        """``eval.engine=rollout`` with an engine: the engine, sent the policy's current weights first; else None."""
+        return self.behaviour.current(self.policy, self.step_count) if self.cfg.eval.engine == "rollout" else None
+
     def eval_sampler(self):
-        """``eval.engine=rollout`` with an engine: the engine, sent the policy's current weights first."""
-        engine = self.behaviour.current(self.policy, self.step_count) if self.cfg.eval.engine == "rollout" else None
+        engine = self.eval_engine()
         return super().eval_sampler() if engine is None else engine.generate
 
     def eval_brancher(self):
-        engine = self.behaviour.current(self.policy, self.step_count) if self.cfg.eval.engine == "rollout" else None
+        engine = self.eval_engine()
         return super().eval_brancher() if engine is None else engine.branch
 
     def make_engine(self, policy):
@@ -757,7 +760,7 @@ class RLModule(PolicyModule):
             raise NotImplementedError(
                 f"algorithm {self.cfg.algorithm.name!r} scores completions it generates itself as one-turn text "
                 f"(Task.reward), which environment task {self.task.cfg.name!r} does not have: choose an algorithm "
-                "whose rollouts are the step's episodes (docs/algorithms.md, multi-turn)"
+                "whose rollouts are the step's episodes (docs/environments.md)"
             )
         self.set_scores(ro, [self.task.reward(ro.examples[i // G], text) for i, text in enumerate(ro.texts)])
         if self.needs_process_rewards:

@@ -31,7 +31,7 @@ from bench import ROOT, dist
 from bench.config import ConfigError, compose, config_hash, flatten, to_yaml
 from bench.engine.policy import Reference, load_policy
 from bench.registry import ALGORITHMS, TASKS
-from bench.task import Task, sft_task
+from bench.task import Task, environment_names, sft_task
 from bench.tracking import WARM_START_EXPERIMENT, BenchLogger, artifact_root, git_commit, tracking_uri
 
 
@@ -305,11 +305,10 @@ def train(cfg: DictConfig, *, resume_dir: Path | None = None) -> RunResult:
     module.init_source = str(init_path or cfg.init)
     if module.needs_process_rewards and task_cls.process_rewards is Task.process_rewards and not dm.is_environment:
         have = [n for n in TASKS.names() if TASKS.get(n).process_rewards is not Task.process_rewards]
-        envs = [n for n in TASKS.names() if TASKS.get(n).step is not Task.step]
         raise ConfigError(
             f"algorithm.reward_shaping=process needs the task's step rewards, but task {cfg.task.name!r} has no "
             f"process_rewards; tasks that have them: {', '.join(have)}, and the environments, whose turns are the "
-            f"steps: {', '.join(envs)}. Use algorithm.reward_shaping=outcome."
+            f"steps: {', '.join(environment_names())}. Use algorithm.reward_shaping=outcome."
         )
     if module.needs_reference:
         module.reference = Reference(policy)
