@@ -84,7 +84,7 @@ CONTRACT = [
 # setting; make run and the default sweep train it); the contract tests keep the all-right ones they were sized on.
 ALL_RIGHT = ["task.demo_error_rate=0.0"]
 
-GENERATED = {"countdown", "chain", "delay", "frozen_lake"}  # tasks that need no data root
+GENERATED = {"countdown", "chain", "delay", "frozen_lake", "sokoban"}  # tasks that need no data root
 ENVIRONMENTS = set(environment_names())  # multi-turn tasks
 # The methods that run on episodes, one of each way of reading them: episode z-score, resampled groups (dynamic
 # sampling), sequence ratio, return-to-go over the policy's tokens, step rewards, and the turn-level methods.
