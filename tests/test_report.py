@@ -46,10 +46,10 @@ def _sweep_file(tmp, name="synthetic", seeds=5, axes=None, report=None):
     return path
 
 
-def _log_runs(tmp, path, effect=lambda cell: EFFECT[cell.cfg.algorithm.name]) -> dict:
-    """One FINISHED MLflow run per planned cell: accuracy curves from a probit model (problem difficulty b_j, a
-    per-seed skill shared by the variants of a seed, a variant's gain rising as a sigmoid in tokens) and the
-    per-problem outcomes of every evaluation as artifacts, exactly as a training run logs them."""
+def _log_runs(tmp, path, effect=lambda cell: EFFECT[cell.cfg.algorithm.name], keep=lambda cell: True) -> dict:
+    """One FINISHED MLflow run per planned cell that ``keep`` accepts: accuracy curves from a probit model
+    (problem difficulty b_j, a per-seed skill shared by the variants of a seed, a variant's gain rising as a sigmoid
+    in tokens) and the per-problem outcomes of every evaluation as artifacts, exactly as a training run logs them."""
     spec, cells = load_plan(str(path))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
     exp = client.create_experiment(f"sweep-{spec.name}", artifact_location=(tmp / "mlartifacts").as_uri())
@@ -58,7 +58,7 @@ def _log_runs(tmp, path, effect=lambda cell: EFFECT[cell.cfg.algorithm.name]) ->
     b = rng.normal(0.5, 1.0, M)  # problem difficulty
     seed_skill = rng.normal(0, 0.15, 10)
     truth = {}
-    for cell in cells:
+    for cell in filter(keep, cells):
         algo, seed = cell.cfg.algorithm.name, int(cell.cfg.seed)
         tags = {"sweep": spec.name, "sweep.cell": cell.id, "role": "cell", "mlflow.parentRunId": parent.info.run_id}
         run = client.create_run(exp, run_name=cell.name, tags=tags)
@@ -296,6 +296,19 @@ def test_settings_are_analysed_one_by_one_and_drawn_against_the_knob(tmp_path):
         assert len(mine) == 5 and float(p["final"]) == pytest.approx(statistics.fmean(mine))
     assert (out / "settings_horizon.png").stat().st_size > 10_000
     assert "## Against horizon" in summary and "| variant | horizon=1 | horizon=8 |" in summary
+
+
+def test_a_sweep_part_way_through_reports_the_settings_that_have_runs(tmp_path):
+    """A sweep stopped before any cell of its second setting ran (horizon 8): the report analyses horizon 1 and lists
+    the ten cells of horizon 8 as missing, instead of failing on a setting with no runs."""
+    axes = {"algorithm": ["grpo", "dapo"], "task": ["chain"], "task.horizon": [1, 8], "seed": list(range(5))}
+    path = _sweep_file(tmp_path, "partway", axes=axes, report={"settings": ["task.horizon"]})
+    _log_runs(tmp_path, path, lambda c: 0.0, keep=lambda c: c.cfg.task.horizon == 1)
+    summary = report(str(path)).read_text()
+    rows = list(csv.DictReader((tmp_path / "results" / "partway" / "comparisons.csv").open()))
+    assert rows and {r["task"] for r in rows} == {"chain horizon=1"}
+    missing = next(line for line in summary.splitlines() if line.startswith("Cells without a finished run"))
+    assert missing.count("horizon=8") == 10 and "horizon=1" not in missing
 
 
 def test_two_setting_axes_get_one_panel_per_value_of_the_second(tmp_path):

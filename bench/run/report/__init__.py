@@ -98,7 +98,9 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
     out.mkdir(parents=True, exist_ok=True)
     labels = variants(cells, rep.settings)
     groups = group(runs, cells, labels)
-    tasks = sorted({g.task for g in groups}, key=natural_key)
+    # A setting with no finished run yet (a sweep part-way through) is left out; its cells are listed as missing.
+    tasks = sorted({g.task for g in groups if g.runs}, key=natural_key)
+    groups = [g for g in groups if g.task in tasks]
     algo_order = [str(a) for a in spec.axes.get("algorithm", [])]
     threshold = {
         t: rep.threshold
