@@ -311,6 +311,32 @@ def test_a_sweep_part_way_through_reports_the_settings_that_have_runs(tmp_path):
     assert missing.count("horizon=8") == 10 and "horizon=1" not in missing
 
 
+def test_a_joined_sweep_supplies_the_baseline_paired_by_seed(tmp_path):
+    """report.join: a sweep of DAPO alone, joined with an earlier sweep of GRPO in the same store, is compared with
+    that GRPO seed by seed: the same paired difference as when both ran in one sweep, and the summary names the
+    joined sweep."""
+    axes = {"algorithm": ["grpo", "dapo"], "seed": list(range(5))}
+    both = _sweep_file(tmp_path, "both", axes=axes)
+    _log_runs(tmp_path, both)
+    report(str(both))
+    base = _sweep_file(tmp_path, "base", axes={"algorithm": ["grpo"], "seed": list(range(5))})
+    _log_runs(tmp_path, base)
+    new = _sweep_file(tmp_path, "new", axes={"algorithm": ["dapo"], "seed": list(range(5))},
+                      report={"join": [str(base)]})  # fmt: skip
+    _log_runs(tmp_path, new)
+    summary = report(str(new)).read_text()
+
+    def final_row(name):
+        rows = csv.DictReader((tmp_path / "results" / name / "comparisons.csv").open())
+        return next(r for r in rows if r["kind"] == "final" and r["variant"] == "dapo")
+
+    joined, together = final_row("new"), final_row("both")
+    assert joined["baseline"] == "grpo" and float(joined["estimate"]) > 0.1
+    for key in ("estimate", "paired_lo", "paired_hi"):
+        assert float(joined[key]) == pytest.approx(float(together[key]), abs=0.03), key
+    assert f"Joined from sweep `{base}`" in summary and "5 runs of grpo" in summary
+
+
 def test_two_setting_axes_get_one_panel_per_value_of_the_second(tmp_path):
     """report.settings = [rollout.staleness, rollout.sampler_dtype] (the off_policy sweep): the curves against
     staleness are drawn and tabled once per sampler precision, each point the mean of its own runs only (not two

@@ -101,6 +101,11 @@ class ReportSpec:
     settings: list[str] = field(default_factory=list)
     """Axes whose values are separate settings, each analysed like a task of its own (its own baseline comparisons
     and power), e.g. [task.horizon]; the first is the x-axis of the report's setting curves (horizon.png)."""
+    join: list[str] = field(default_factory=list)
+    """Other sweeps (names or files, in the same tracking store) whose finished cells of this sweep's tasks join the
+    report as further variants, paired by seed: a new variant compared with a committed sweep's baseline without
+    rerunning it. Their cells must share this sweep's warm starts and prompt streams for the pairing to mean anything
+    (same task overrides, init and warm_start.seed); the report names each joined sweep and its commit."""
     ui_url: str | None = None
     """The MLflow UI's address, for the images of the report copy logged to the parent run (MLflow's markdown viewer
     shows only absolute image links); None: the tracking server when it is one, else http://127.0.0.1:5000 (make ui)."""

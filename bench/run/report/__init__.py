@@ -87,6 +87,17 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
     if rep.interval not in ("t", "bootstrap"):
         raise ConfigError(f"report.interval {rep.interval!r}: choose t or bootstrap")
     runs, missing = collect(sweep, metric)
+    joined = []  # (sweep, runs, variants) for the summary
+    for other in rep.join:  # finished cells of other sweeps on this sweep's tasks, as further variants
+        where_ = {c.where for c in cells}
+        spec_j, cells_j = load_plan(other, [o for o in overrides if o.startswith(RUN_ONLY_KEYS)])
+        cells_j = [c for c in cells_j if c.where in where_ and c.id not in {x.id for x in cells}]
+        if not cells_j:
+            raise ConfigError(f"report.join: sweep {other!r} has no cells on this sweep's tasks {sorted(where_)}")
+        found, _ = collect(Sweep(spec_j, cells_j, uri=sweep.uri), metric)
+        runs += found
+        cells = cells + [r.cell for r in found]
+        joined.append((other, len(found), sorted({str(r.cell.axes.get("algorithm")) for r in found})))
     if not runs:
         raise FileNotFoundError(
             f"sweep {spec.name}: no finished runs in MLflow experiment {sweep.experiment!r} at {sweep.uri}; "
@@ -181,7 +192,7 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
     parent = sweep.runs(role="sweep")
     driver = float(parent[0].data.tags.get("sweep.wall_clock_s", "nan")) if parent else math.nan
     text = _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, powers, noises, fitted, pairs,
-                    across, missing, uid_sets, metric, axis, images, overrides, driver, points)  # fmt: skip
+                    across, missing, uid_sets, metric, axis, images, overrides, driver, points, joined)  # fmt: skip
     (out / "summary.md").write_text(text)
     if parent:
         pid = parent[0].info.run_id

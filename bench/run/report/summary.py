@@ -25,7 +25,7 @@ from bench.tracking import git_commit
 
 
 def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, powers, noises, fitted, pairs, across,
-             missing, uid_sets, metric, axis, images, overrides, driver, points=()) -> str:  # fmt: skip
+             missing, uid_sets, metric, axis, images, overrides, driver, points=(), joined=()) -> str:  # fmt: skip
     rep = spec.report
     method = {"holm": "Holm", "bh": "Benjamini-Hochberg"}[rep.correction]
     baseline_of = {c.task: c.baseline for c in comparisons}
@@ -47,6 +47,9 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
     changing = [o for o in overrides if not o.startswith(RUN_ONLY_KEYS)]
     if changing:
         lines += [f"- Command-line overrides of the sweep file: `{' '.join(changing)}`."]
+    for other, n, names in joined:
+        lines += [f"- Joined from sweep `{other}` (`report.join`: its finished cells on these tasks, paired by seed): "
+                  f"{n} runs of {', '.join(names)}."]  # fmt: skip
     commits = ", ".join(sorted({r.commit[:12] for r in runs}))
     again = f"python -m bench sweep {spec.name}" + "".join(f" {o}" for o in changing)
     lines += [
