@@ -15,6 +15,11 @@ from bench import stats as S
 KINDS = ("final", "auc")
 
 
+def kind_of(metric: str) -> str:
+    """How an axis names a metric: held-out for the evaluation's (eval/...), training for a rollout's (reward/...)."""
+    return "held-out" if metric.startswith("eval") else "training"
+
+
 def natural_key(text: str) -> list:
     """Sort key that orders numbers by value: "chain horizon=2" before "chain horizon=16"."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
@@ -96,7 +101,7 @@ def plot(groups: list, axis: str, metric: str, path: Path) -> None:
             ax.fill_between(xs, lo, hi, color=colour, alpha=0.12)
         ax.set_title(task)
         ax.set_xlabel({"step": "rollout step", "samples": "samples generated", "tokens": "tokens generated"}[axis])
-        ax.set_ylabel(f"held-out {metric} (mean over seeds; band min..max)")
+        ax.set_ylabel(f"{kind_of(metric)} {metric} (mean over seeds; band min..max)")
         ax.grid(alpha=0.3)
         _legend(ax)
     _save(fig, path)
@@ -129,7 +134,7 @@ def plot_fits(groups: list, fitted: dict[str, dict], axis: str, metric: str, pat
         ax.set_xscale("log")
         ax.set_title(f"{task}: R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B)")
         ax.set_xlabel({"samples": "samples generated", "tokens": "tokens generated"}[axis] + " (log scale)")
-        ax.set_ylabel(f"held-out {metric} (each dot one seed's evaluation)")
+        ax.set_ylabel(f"{kind_of(metric)} {metric} (each dot one seed's evaluation)")
         ax.grid(alpha=0.3, which="both")
         _legend(ax, ncol=1)
     _save(fig, path)
@@ -196,7 +201,7 @@ def plot_differences(curves: dict[str, tuple[str, dict]], metric: str, path: Pat
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_title(f"{task}: variant − {baseline} (paired by seed and problem, 95% CI)")
         ax.set_xlabel("rollout step")
-        ax.set_ylabel(f"Δ held-out {metric}")
+        ax.set_ylabel(f"Δ {kind_of(metric)} {metric}")
         ax.grid(alpha=0.3)
         _legend(ax, ncol=1)
     _save(fig, path)
@@ -241,7 +246,7 @@ def plot_settings(points: list[dict], knob: str, metric: str, path: Path) -> Non
             ax.grid(alpha=0.3, which="both")
             _legend(ax, ncol=1)
         thr = mine[0]["threshold"]
-        ax_f.set_title(f"{task}\nfinal held-out {metric} (95% CI over seeds)", fontsize=10)
+        ax_f.set_title(f"{task}\nfinal {kind_of(metric)} {metric} (95% CI over seeds)", fontsize=10)
         ax_f.set_ylabel(f"final {metric}")
         ax_s.set_title(f"{task}\nsamples until {metric} >= {thr:g} (n/N: seeds that got there)", fontsize=10)
         ax_s.set_ylabel("samples generated")
