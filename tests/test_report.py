@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 from scipy import stats as sps
 
 from bench import stats as S
+from bench.config import ConfigError
 from bench.run.report import _out_dir, report
 from bench.run.sweep import load_plan
 
@@ -335,6 +336,12 @@ def test_a_joined_sweep_supplies_the_baseline_paired_by_seed(tmp_path):
     for key in ("estimate", "paired_lo", "paired_hi"):
         assert float(joined[key]) == pytest.approx(float(together[key]), abs=0.03), key
     assert f"Joined from sweep `{base}`" in summary and "5 runs of grpo" in summary
+    unrun = _sweep_file(tmp_path, "unrun", axes={"algorithm": ["dr_grpo"], "seed": list(range(5))})
+    lonely = _sweep_file(tmp_path, "lonely", axes={"algorithm": ["dapo"], "seed": list(range(5))},
+                         report={"join": [str(unrun)]})  # fmt: skip
+    _log_runs(tmp_path, lonely)
+    with pytest.raises(ConfigError, match="has no finished runs"):
+        report(str(lonely))
 
 
 def test_two_setting_axes_get_one_panel_per_value_of_the_second(tmp_path):

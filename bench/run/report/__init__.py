@@ -95,6 +95,11 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
         if not cells_j:
             raise ConfigError(f"report.join: sweep {other!r} has no cells on this sweep's tasks {sorted(where_)}")
         found, _ = collect(Sweep(spec_j, cells_j, uri=sweep.uri), metric)
+        if not found:
+            raise ConfigError(
+                f"report.join: sweep {other!r} has no finished runs on {sorted(where_)} in {sweep.uri}; run it there "
+                f"first (python -m bench sweep {other}) or point tracking.tracking_uri at the store that holds it"
+            )
         runs += found
         cells = cells + [r.cell for r in found]
         joined.append((other, len(found), sorted({str(r.cell.axes.get("algorithm")) for r in found})))
