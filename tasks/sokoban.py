@@ -73,6 +73,17 @@ class SokobanConfig(TaskConfig):
     test_share: float = 0.1
     num_eval: int = 200
 
+    def __post_init__(self) -> None:
+        # reasoning-gym's generator redraws until a level fits: an impossible request would loop for ever.
+        if not 4 <= self.size <= 20:
+            raise ValueError(f"task.size must be in 4..20 (the board's side, walls included), got {self.size}")
+        if not 1 <= self.boxes <= (self.size - 2) ** 2 // 4:
+            raise ValueError(f"task.boxes must be in 1..{(self.size - 2) ** 2 // 4} on a {self.size} x {self.size} "
+                             f"board (a quarter of its floor), got {self.boxes}: raise task.size for more")  # fmt: skip
+        if not 0 <= self.demo_error_rate <= 1 or self.max_depth < 1:
+            raise ValueError(f"task.demo_error_rate must be in [0, 1] and task.max_depth >= 1, got "
+                             f"{self.demo_error_rate}, {self.max_depth}")  # fmt: skip
+
 
 def move_of(action: str) -> str | None:
     """The first move (L, D, R, U) named in the action's first MAX_SCAN_CHARS characters (FrozenLake's reading), or

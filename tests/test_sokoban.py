@@ -119,3 +119,10 @@ def test_hostile_actions_on_a_generated_level_are_ordinary_turns(action):
     _, state = task.reset(ex, 0)
     t = task.step(state, action)
     assert 0.0 <= t.reward <= 1.0 and len(t.observation) < 200
+
+
+@pytest.mark.parametrize("bad", ["task.boxes=5", "task.size=3", "task.size=30", "task.demo_error_rate=1.5"])
+def test_an_impossible_level_request_is_refused_with_the_knob_and_its_range(bad):
+    """reasoning-gym's generator redraws until a level fits, so an impossible request must fail at start-up."""
+    with pytest.raises(Exception, match=bad.split("=")[0]):
+        OmegaConf.to_object(compose(["algorithm=grpo", "task=sokoban", bad]))
