@@ -88,10 +88,10 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
         raise ConfigError(f"report.interval {rep.interval!r}: choose t or bootstrap")
     runs, missing = collect(sweep, metric)
     joined = []  # (sweep, runs, variants) for the summary
+    where_, own = {c.where for c in cells}, {c.id for c in cells}
     for other in rep.join:  # finished cells of other sweeps on this sweep's tasks, as further variants
-        where_ = {c.where for c in cells}
         spec_j, cells_j = load_plan(other, [o for o in overrides if o.startswith(RUN_ONLY_KEYS)])
-        cells_j = [c for c in cells_j if c.where in where_ and c.id not in {x.id for x in cells}]
+        cells_j = [c for c in cells_j if c.where in where_ and c.id not in own]
         if not cells_j:
             raise ConfigError(f"report.join: sweep {other!r} has no cells on this sweep's tasks {sorted(where_)}")
         found, _ = collect(Sweep(spec_j, cells_j, uri=sweep.uri), metric)
