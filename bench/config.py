@@ -475,6 +475,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "algorithm.critic_warmup": 0,
     "task.filler": "fixed",
     "task.demo_error_mode": "replace",
+    "task.demo": "answer",
     "rollout.prompt_pool": "all",
     "rollout.pool_samples": 4,
     "rollout.pool_screened": 2048,

@@ -11,6 +11,8 @@ the generator's own parameters follow as ``task.params.<key>=<value>`` (``task.p
     {"question": "Calculate 5 - 3.", "answer": "2", "metadata": {"expression": "5 - 3", ...}}
     prompt (chat models): the question, then "Give only the final answer, between <answer> and </answer>."
     gold completion: "<answer>2</answer>"
+    with task.demo=working: "... Work it out step by step, then give the final answer between <answer> and </answer>."
+    gold completion: "5 - 3 = 2\n<answer>2</answer>"   (worked solutions: WORKINGS)
 
 Reward in one sentence: the content of the last complete ``<answer>...</answer>`` in the completion is given to the
 generator's own ``score_answer`` for the same item, in a confined worker process under a hard time limit; its value
@@ -48,12 +50,15 @@ appears, no process starts and every call returns within the bound.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
+import operator
 import sys
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from bench import ROOT
 from bench.sandbox import SharedPool, WorkerPool, expression_ok, literal_ok  # noqa: F401 (re-exported)
@@ -65,6 +70,7 @@ MAX_ANSWER_CHARS = 4_096
 """Answers longer than this score 0 unscored (reason "answer too long")."""
 OPEN, CLOSE = "<answer>", "</answer>"
 INSTRUCTION = f"Give only the final answer, between {OPEN} and {CLOSE}."
+WORKING_INSTRUCTION = f"Work it out step by step, then give the final answer between {OPEN} and {CLOSE}."
 
 ANY_ANSWER_WINS = {
     "game_of_life_halting": "its verifier compares bool(answer) with bool(gold), and both golds are non-empty strings, "
@@ -207,8 +213,10 @@ def main():
             ds = datasets[key]
             if req.get("op") == "items":
                 items = [ds[i] for i in range(len(ds))]
-                send({"status": "ok", "items": [[it["question"], None if it["answer"] is None else str(it["answer"])]
-                                                for it in items]})
+                rows = [[it["question"], None if it["answer"] is None else str(it["answer"])] for it in items]
+                if req.get("metadata"):  # each item's metadata too, JSON-safe (worked demonstrations read it)
+                    rows = [r + [json.loads(json.dumps(it["metadata"], default=str))] for r, it in zip(rows, items)]
+                send({"status": "ok", "items": rows})
                 continue
             score = ds.score_answer(req["answer"], ds[req["index"]])
             send({"status": "ok", "score": float(score), "refused": sorted(set(refused))})
@@ -268,6 +276,17 @@ class ReasoningGymConfig(TaskConfig):
     """Wall-clock limit of one verifier call in the worker (killed beyond it; the completion scores 0, "timeout")."""
     worker_memory_mb: int = 4096
     """Address-space limit of a verifier worker."""
+    demo: Literal["answer", "working"] = "answer"
+    """What SFT demonstrates and the prompt asks for: ``answer``, the gold answer in tags alone ("Give only the final
+    answer"); ``working``, the steps that reach it, one a line, then the answer in tags ("Work it out step by step"),
+    for the generators in ``WORKINGS`` (built from the item's metadata and checked against its gold answer)."""
+
+    def __post_init__(self):
+        if self.demo == "working" and self.dataset not in WORKINGS:
+            raise ValueError(
+                f"task.demo=working: no worked solutions for {self.dataset!r}; they exist for {sorted(WORKINGS)}. "
+                "Use task.demo=answer"
+            )
 
 
 class ReasoningGym(Task):
@@ -301,9 +320,11 @@ class ReasoningGym(Task):
         self.overlap_dropped = 0
         self.version = version_of(cfg)
 
-    def _items(self, split: Split) -> list[tuple[str, str | None]]:
-        """(question, gold answer or None) of each item of the split, drawn in a worker (fixed hash seed)."""
-        reply = pool().call({"op": "items", "key": self.key(split)}, GENERATE_TIMEOUT_S)
+    def _items(self, split: Split) -> list[tuple]:
+        """(question, gold answer or None[, metadata with demo=working]) of each item of the split, drawn in a worker
+        (fixed hash seed)."""
+        req = {"op": "items", "key": self.key(split), "metadata": self.cfg.demo == "working"}
+        reply = pool().call(req, GENERATE_TIMEOUT_S)
         if reply.get("status") != "ok":
             c = self.cfg
             raise ValueError(
@@ -320,11 +341,13 @@ class ReasoningGym(Task):
 
     def load_split(self, split: Split) -> list[Example]:
         out = []
-        for i, (question, gold) in enumerate(self._items(split)):
+        for i, (question, gold, *meta) in enumerate(self._items(split)):
             # gold None where many answers are right (boxnet, graph_color, ...): no demonstration
+            demo = None if gold is None else f"{OPEN}{gold}{CLOSE}"
+            if meta and demo is not None:
+                demo = worked(self.cfg.dataset, meta[0], str(gold)) + demo
             out.append(Example(uid=f"rg/{self.cfg.dataset}/{split}/{i}", question=question,
-                               answer=None if gold is None else str(gold),
-                               demonstration=None if gold is None else f"{OPEN}{gold}{CLOSE}",
+                               answer=None if gold is None else str(gold), demonstration=demo,
                                data={"index": i, "split": split}))  # fmt: skip
         if split == "train":
             held = {e.question for e in self.eval_examples()}
@@ -339,7 +362,7 @@ class ReasoningGym(Task):
         return out
 
     def instruction(self, example: Example) -> str:
-        return f"{example.question}\n\n{INSTRUCTION}"
+        return f"{example.question}\n\n{WORKING_INSTRUCTION if self.cfg.demo == 'working' else INSTRUCTION}"
 
     def data_stats(self) -> dict[str, float]:
         return {**super().data_stats(), "train_overlap_dropped": self.overlap_dropped}
@@ -404,4 +427,82 @@ def generators() -> list[str]:
 def version_of(cfg: ReasoningGymConfig) -> str:
     """The task's version for one configuration: this adapter's, reasoning-gym's, the generator and its parameters."""
     params = json.dumps(dict(cfg.params), sort_keys=True, default=str)
-    return f"{ReasoningGym.version}/rg{rg_version()}/{cfg.dataset}/{hashlib.sha256(params.encode()).hexdigest()[:8]}"
+    v = f"{ReasoningGym.version}/rg{rg_version()}/{cfg.dataset}/{hashlib.sha256(params.encode()).hexdigest()[:8]}"
+    return v if cfg.demo == "answer" else f"{v}/{cfg.demo}"  # the prompt differs: not comparable with answer-only
+
+
+# ---- worked solutions (task.demo=working) ----------------------------------------------------------------------------
+# Built from the item's metadata (the generator's own record of the problem, never model output), one step a line, and
+# checked against the gold answer: a builder that disagrees with the generator raises rather than teach a wrong step.
+def _num(x: Fraction) -> str:
+    return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
+
+
+def arithmetic_steps(expression: str) -> tuple[list[str], Fraction]:
+    """Each operation of an arithmetic expression (integers, + - * /, brackets, unary minus) as ``a op b = c``, in the
+    order Python's precedence computes it, and the value. ``/`` is floor division, as reasoning-gym's generators
+    compute their gold answers (``eval(expression.replace("/", "//"))``; their divisions are mostly exact). Parsed with
+    ``ast``: nothing is evaluated."""
+    ops = {ast.Add: ("+", operator.add), ast.Sub: ("-", operator.sub), ast.Mult: ("*", operator.mul),
+           ast.Div: ("/", lambda a, b: Fraction(a // b))}  # fmt: skip
+    lines: list[str] = []
+
+    def value(node) -> Fraction:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return Fraction(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            v = value(node.operand)
+            if isinstance(node.op, ast.UAdd):
+                return v
+            if not isinstance(node.operand, ast.Constant):  # the negation of a result is a step of its own
+                lines.append(f"-({_num(v)}) = {_num(-v)}")
+            return -v
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            a, b = value(node.left), value(node.right)
+            sym, fn = ops[type(node.op)]
+            c = fn(a, b)
+            lines.append(f"{_num(a)} {sym} {_num(b)} = {_num(c)}")
+            return c
+        raise ValueError(f"not an arithmetic expression: {ast.dump(node)[:80]}")
+
+    return lines, value(ast.parse(expression, mode="eval").body)
+
+
+def _arithmetic(meta: dict) -> tuple[list[str], str]:
+    lines, v = arithmetic_steps(meta["expression"])
+    return lines, _num(v)
+
+
+def _legs(meta: dict) -> tuple[list[str], str]:
+    from reasoning_gym.arithmetic.leg_counting import ANIMALS
+
+    counts = [(name, n, n * ANIMALS[name]) for name, n in meta["animals"].items()]
+    lines = [f"{name}: {n} x {ANIMALS[name]} = {legs}" for name, n, legs in counts]
+    if len(counts) > 1:
+        lines.append(" + ".join(str(legs) for *_, legs in counts) + f" = {sum(legs for *_, legs in counts)}")
+    return lines, str(sum(legs for *_, legs in counts))
+
+
+def _gcd(meta: dict) -> tuple[list[str], str]:
+    """Euclid's algorithm, pair by pair: ``a = q x b + r`` until the remainder is 0."""
+    nums = [int(x) for x in meta["numbers"]]
+    lines, g = [], nums[0]
+    for b in nums[1:]:
+        a, b = max(g, b), min(g, b)
+        while b:
+            lines.append(f"{a} = {a // b} x {b} + {a % b}")
+            a, b = b, a % b
+        g = a
+    return lines, str(g)
+
+
+WORKINGS = {"basic_arithmetic": _arithmetic, "chain_sum": _arithmetic, "leg_counting": _legs, "gcd": _gcd}
+"""Generators with worked solutions for ``task.demo=working``: name -> metadata -> (steps, answer)."""
+
+
+def worked(dataset: str, meta: dict, gold: str) -> str:
+    """The worked steps of one item, one a line, ending in a newline; raises if they reach an answer other than gold."""
+    lines, answer = WORKINGS[dataset](meta)
+    if answer != gold.strip():
+        raise ValueError(f"{dataset}: the worked solution reaches {answer}, the gold answer is {gold!r} ({meta})")
+    return "".join(line + "\n" for line in lines)

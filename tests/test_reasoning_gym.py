@@ -232,3 +232,53 @@ def test_composite_mixes_generators_by_weight():
     ex = t.eval_examples()
     assert len(ex) == 40
     assert all(t.reward(e, e.demonstration).score == 1.0 for e in ex)
+
+
+# ---- worked solutions (task.demo=working) ----------------------------------------------------------------------------
+def make_working(dataset: str, n: int, **params):
+    extra = [f"task.params.{k}={v}" for k, v in params.items()]
+    cfg = compose(["task=reasoning_gym", f"task.dataset={dataset}", f"task.num_eval={n}",
+                   f"task.num_train_problems={n}", "task.demo=working", *extra])  # fmt: skip
+    return TASKS.get("reasoning_gym")(OmegaConf.to_object(cfg.task), char_tokenizer(), seed=0)
+
+
+def test_worked_steps_golden():
+    assert RG.arithmetic_steps("12 + 7 - 5") == (["12 + 7 = 19", "19 - 5 = 14"], 14)
+    assert RG.arithmetic_steps("2 + 3 * 4") == (["3 * 4 = 12", "2 + 12 = 14"], 14)  # precedence, as the answer has it
+    assert RG.arithmetic_steps("-7 / 2") == (["-7 / 2 = -4"], -4)  # floor division, as the generators compute gold
+    assert RG.arithmetic_steps("-( 3 - 8 ) * -2") == (["3 - 8 = -5", "-(-5) = 5", "5 * -2 = -10"], -10)
+    assert RG._legs({"animals": {"crab": 2, "chicken": 1}}) == (["crab: 2 x 10 = 20", "chicken: 1 x 2 = 2",
+                                                                "20 + 2 = 22"], "22")  # fmt: skip
+    assert RG._gcd({"numbers": [18, 48]}) == (["48 = 2 x 18 + 12", "18 = 1 x 12 + 6", "12 = 2 x 6 + 0"], "6")
+    with pytest.raises(ValueError, match="not an arithmetic expression"):
+        RG.arithmetic_steps("__import__('os')")  # parsed, never run
+    with pytest.raises(ValueError, match="reaches 14, the gold answer is '15'"):
+        RG.worked("chain_sum", {"expression": "12 + 7 - 5"}, "15")
+
+
+@pytest.mark.parametrize(
+    "dataset,params",
+    [("basic_arithmetic", {}), ("basic_arithmetic", {"min_terms": 2, "max_terms": 3, "max_digits": 2}),
+     ("chain_sum", {}), ("leg_counting", {}),
+     ("leg_counting", {"min_animals": 1, "max_animals": 2, "max_instances": 2}),
+     ("gcd", {}), ("gcd", {"min_numbers": 3, "max_numbers": 4})],
+)  # fmt: skip
+def test_worked_demonstrations_reach_the_gold_answer_and_score_one(dataset, params):
+    import reasoning_gym
+
+    for item in reasoning_gym.create_dataset(dataset, seed=3, size=1000, **params):  # the builder on many items
+        RG.worked(dataset, item["metadata"], str(item["answer"]))
+    t = make_working(dataset, 20, **params)
+    for e in t.eval_examples():
+        assert e.demonstration.endswith(f"<answer>{e.answer}</answer>") and "\n" in e.demonstration
+        assert t.reward(e, e.demonstration).score == 1.0
+        assert "step by step" in t.instruction(e)
+
+
+def test_working_is_its_own_version_and_refused_where_no_builder_exists():
+    plain, working = make("chain_sum", 10), make_working("chain_sum", 10)
+    assert working.version == plain.version + "/working"
+    assert [e.question for e in working.eval_examples()] == [e.question for e in plain.eval_examples()]
+    assert plain.eval_examples()[0].demonstration.startswith("<answer>")  # answer-only stays the default
+    with pytest.raises(ValueError, match=r"no worked solutions for 'spell_backward'.*\['basic_arithmetic', 'chain"):
+        make_working("spell_backward", 2)
