@@ -98,6 +98,7 @@ def test_added_defaults_are_the_defaults_and_leave_identities_unchanged():
         compose(["algorithm=grpo", "task=countdown", "task.demo_error_rate=0.0"]),
         compose(["algorithm=ppo", "task=countdown", "task.demo_error_rate=0.0"]),
         compose(["algorithm=grpo", "task=delay", "task.filler=fixed"]),
+        compose(["algorithm=grpo", "task=reasoning_gym"]),
     ]
     flats = [flatten(c) for c in cfgs]
     for key, value in ADDED_DEFAULTS.items():
