@@ -468,3 +468,30 @@ def test_equal_budget_golden_values_and_a_variant_that_wins_per_step_only():
     assert any("per token" in s for s in named), named
     # each estimate once, with its interval: "+0.004 [lo, hi] at equal steps", not "+0.004 +0.004 [lo, hi]"
     assert not any(re.search(r"([+-]\d\.\d{3}) \1 \[", s) for s in named), named
+
+
+def test_until_step_reads_every_run_up_to_that_step(tmp_path):
+    """report.until_step = 20: "final" is each run's value at step 20 (the paired difference is the seeds' mean
+    difference of step-20 accuracies, read back from the outcome artifacts), not at step 100, and the summary says
+    the runs were cut. DAPO's synthetic gain rises as a sigmoid in tokens, so it is small at step 20,
+    large at 100."""
+    axes = {"algorithm": ["grpo", "dapo"], "seed": list(range(5))}
+    full = _sweep_file(tmp_path, "full", axes=axes)
+    _log_runs(tmp_path, full)
+    report(str(full))
+    early = _sweep_file(tmp_path, "early", axes=axes, report={"until_step": 20})
+    logged = _log_runs(tmp_path, early)  # the same runs (the same generator seed), under this sweep's name
+    summary = report(str(early)).read_text()
+
+    def final_row(name):
+        rows = csv.DictReader((tmp_path / "results" / name / "comparisons.csv").open())
+        return next(r for r in rows if r["kind"] == "final" and r["variant"] == "dapo")
+
+    acc = {}
+    for algo, seed, rid in logged["truth"].values():
+        with open(logged["client"].download_artifacts(rid, "eval/outcomes/step_000020.jsonl")) as f:
+            acc[algo, seed] = statistics.fmean(json.loads(line)["correct"] for line in f)
+    by_hand = statistics.fmean(acc["dapo", s] - acc["grpo", s] for s in range(5))
+    assert float(final_row("early")["estimate"]) == pytest.approx(by_hand, abs=1e-9)
+    assert float(final_row("full")["estimate"]) > float(final_row("early")["estimate"]) + 0.1
+    assert "**Read up to step 20** (`report.until_step`)" in summary

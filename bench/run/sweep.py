@@ -101,6 +101,10 @@ class ReportSpec:
     settings: list[str] = field(default_factory=list)
     """Axes whose values are separate settings, each analysed like a task of its own (its own baseline comparisons
     and power), e.g. [task.horizon]; the first is the x-axis of the report's setting curves (horizon.png)."""
+    until_step: int | None = None
+    """Read every run only up to this training step: "final" is then the value at its last evaluation at or before
+    it, the AUC covers 0..until_step, and the budget axes stop there too (early learning: which method is ahead after
+    10 steps). None: the whole run."""
     join: list[str] = field(default_factory=list)
     """Other sweeps (names or files, in the same tracking store) whose finished cells of this sweep's tasks join the
     report as further variants, paired by seed: a new variant compared with a committed sweep's baseline without

@@ -86,7 +86,7 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
         raise ConfigError(f"report.correction {rep.correction!r}: choose holm or bh")
     if rep.interval not in ("t", "bootstrap"):
         raise ConfigError(f"report.interval {rep.interval!r}: choose t or bootstrap")
-    runs, missing = collect(sweep, metric)
+    runs, missing = collect(sweep, metric, rep.until_step)
     joined = []  # (sweep, runs, variants) for the summary
     where_, own = {c.where for c in cells}, {c.id for c in cells}
     for other in rep.join:  # finished cells of other sweeps on this sweep's tasks, as further variants
@@ -94,7 +94,7 @@ def report(name: str, overrides: list[str] = (), *, x_axis: str | None = None, o
         cells_j = [c for c in cells_j if c.where in where_ and c.id not in own]
         if not cells_j:
             raise ConfigError(f"report.join: sweep {other!r} has no cells on this sweep's tasks {sorted(where_)}")
-        found, _ = collect(Sweep(spec_j, cells_j, uri=sweep.uri), metric)
+        found, _ = collect(Sweep(spec_j, cells_j, uri=sweep.uri), metric, rep.until_step)
         if not found:
             raise ConfigError(
                 f"report.join: sweep {other!r} has no finished runs on {sorted(where_)} in {sweep.uri}; run it there "

@@ -151,6 +151,10 @@ def _history(client, run_id: str, key: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, key)}
 
 
+def _until(history: dict[int, float], step: int | None) -> dict[int, float]:
+    return history if step is None else {s: v for s, v in history.items() if s <= step}
+
+
 def _outcomes(client, run_id: str, steps: list[int], value: Callable[[dict], float] | None) -> dict | None:
     """Per-problem values at every evaluation step of a run, from its outcome artifacts; None if any is missing."""
     if value is None:
@@ -168,9 +172,9 @@ def _outcomes(client, run_id: str, steps: list[int], value: Callable[[dict], flo
     return out
 
 
-def collect(sweep: Sweep, metric: str) -> tuple[list[RunStats], list[Cell]]:
-    """The FINISHED run of every cell, with the histories and per-problem outcomes the report needs; and the cells
-    that have none."""
+def collect(sweep: Sweep, metric: str, until_step: int | None = None) -> tuple[list[RunStats], list[Cell]]:
+    """The FINISHED run of every cell, with the histories and per-problem outcomes the report needs (up to
+    ``until_step`` when given: ``report.until_step``); and the cells that have none."""
     finished = {}
     for r in sweep.runs(role="cell"):
         if r.info.status == "FINISHED":
@@ -183,11 +187,11 @@ def collect(sweep: Sweep, metric: str) -> tuple[list[RunStats], list[Cell]]:
             missing.append(cell)
             continue
         rid, c = run.info.run_id, sweep.client
-        curve = _history(c, rid, metric)
+        curve = _until(_history(c, rid, metric), until_step)
         if not curve:
             missing.append(cell)
             continue
-        x = {axis: _history(c, rid, key) for axis, key in X_AXES.items() if key}
+        x = {axis: _until(_history(c, rid, key), until_step) for axis, key in X_AXES.items() if key}
         step_time = list(_history(c, rid, "time/step").values())
         lengths = list(_history(c, rid, "rollout/completion_len_mean").values())
         tokens = run.data.metrics.get("rollout/tokens_generated", math.nan)

@@ -33,6 +33,10 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
              "Headline differences are at equal training steps (the same optimizer steps for every variant); each "
              "task's \"at equal budget\" table compares the same variants at equal samples seen and at equal tokens "
              "generated, and names any variant that wins per step but not per sample.", ""]  # fmt: skip
+    if rep.until_step is not None:
+        lines += [f"**Read up to step {rep.until_step}** (`report.until_step`): every run is cut there, so \"final\" "
+                  f"is the value at the last evaluation at or before step {rep.until_step} and the AUC covers the "
+                  "steps up to it; the runs went on beyond it.", ""]  # fmt: skip
     for t in tasks:
         gains = [statistics.fmean(r.final - r.curve[min(r.curve)] for r in g.runs) for g in groups
                  if g.task == t and g.runs]  # fmt: skip
