@@ -56,7 +56,6 @@ import json
 import operator
 import sys
 from dataclasses import dataclass, field
-from fractions import Fraction
 from functools import cache
 from typing import Any, Literal
 
@@ -132,7 +131,7 @@ def make_dataset(name, params, seed, size):
 
 
 def send(obj):
-    proto.write(json.dumps(obj).encode() + b"\n")
+    proto.write(json.dumps(obj, default=str).encode() + b"\n")  # default: metadata values JSON has no type for
 
 
 def guard_sinks():
@@ -215,7 +214,7 @@ def main():
                 items = [ds[i] for i in range(len(ds))]
                 rows = [[it["question"], None if it["answer"] is None else str(it["answer"])] for it in items]
                 if req.get("metadata"):  # each item's metadata too, JSON-safe (worked demonstrations read it)
-                    rows = [r + [json.loads(json.dumps(it["metadata"], default=str))] for r, it in zip(rows, items)]
+                    rows = [r + [it["metadata"]] for r, it in zip(rows, items)]
                 send({"status": "ok", "items": rows})
                 continue
             score = ds.score_answer(req["answer"], ds[req["index"]])
@@ -434,34 +433,30 @@ def version_of(cfg: ReasoningGymConfig) -> str:
 # ---- worked solutions (task.demo=working) ----------------------------------------------------------------------------
 # Built from the item's metadata (the generator's own record of the problem, never model output), one step a line, and
 # checked against the gold answer: a builder that disagrees with the generator raises rather than teach a wrong step.
-def _num(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
-
-
-def arithmetic_steps(expression: str) -> tuple[list[str], Fraction]:
-    """Each operation of an arithmetic expression (integers, + - * /, brackets, unary minus) as ``a op b = c``, in the
-    order Python's precedence computes it, and the value. ``/`` is floor division, as reasoning-gym's generators
-    compute their gold answers (``eval(expression.replace("/", "//"))``; their divisions are mostly exact). Parsed with
-    ``ast``: nothing is evaluated."""
+def arithmetic_steps(expression: str) -> tuple[list[str], int]:
+    """Each operation of an integer arithmetic expression (+ - * /, brackets, unary minus) as ``a op b = c``, in the
+    order Python's precedence computes it, and the value. ``/`` is floor division: reasoning-gym's generators compute
+    their gold answers with every ``/`` read as ``//`` (their divisions are mostly exact). Parsed with ``ast``: nothing
+    is evaluated."""
     ops = {ast.Add: ("+", operator.add), ast.Sub: ("-", operator.sub), ast.Mult: ("*", operator.mul),
-           ast.Div: ("/", lambda a, b: Fraction(a // b))}  # fmt: skip
+           ast.Div: ("/", operator.floordiv)}  # fmt: skip
     lines: list[str] = []
 
-    def value(node) -> Fraction:
+    def value(node) -> int:
         if isinstance(node, ast.Constant) and type(node.value) is int:
-            return Fraction(node.value)
+            return node.value
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             v = value(node.operand)
             if isinstance(node.op, ast.UAdd):
                 return v
             if not isinstance(node.operand, ast.Constant):  # the negation of a result is a step of its own
-                lines.append(f"-({_num(v)}) = {_num(-v)}")
+                lines.append(f"-({v}) = {-v}")
             return -v
         if isinstance(node, ast.BinOp) and type(node.op) in ops:
             a, b = value(node.left), value(node.right)
             sym, fn = ops[type(node.op)]
             c = fn(a, b)
-            lines.append(f"{_num(a)} {sym} {_num(b)} = {_num(c)}")
+            lines.append(f"{a} {sym} {b} = {c}")
             return c
         raise ValueError(f"not an arithmetic expression: {ast.dump(node)[:80]}")
 
@@ -470,7 +465,7 @@ def arithmetic_steps(expression: str) -> tuple[list[str], Fraction]:
 
 def _arithmetic(meta: dict) -> tuple[list[str], str]:
     lines, v = arithmetic_steps(meta["expression"])
-    return lines, _num(v)
+    return lines, str(v)
 
 
 def _legs(meta: dict) -> tuple[list[str], str]:
@@ -478,9 +473,10 @@ def _legs(meta: dict) -> tuple[list[str], str]:
 
     counts = [(name, n, n * ANIMALS[name]) for name, n in meta["animals"].items()]
     lines = [f"{name}: {n} x {ANIMALS[name]} = {legs}" for name, n, legs in counts]
+    total = sum(legs for *_, legs in counts)
     if len(counts) > 1:
-        lines.append(" + ".join(str(legs) for *_, legs in counts) + f" = {sum(legs for *_, legs in counts)}")
-    return lines, str(sum(legs for *_, legs in counts))
+        lines.append(" + ".join(str(legs) for *_, legs in counts) + f" = {total}")
+    return lines, str(total)
 
 
 def _gcd(meta: dict) -> tuple[list[str], str]:
