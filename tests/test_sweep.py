@@ -16,6 +16,7 @@ import pytest
 import yaml
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from bench import ROOT
 from bench.config import ConfigError
@@ -629,6 +630,24 @@ def test_warm_start_heartbeat_reads_the_running_logs(tmp_path):
         wp.close()
     assert "warm starts 0/4 done" in line and "a step 200/800" in line and "b step 100/800" in line, line
     assert line.endswith(f"ETA {2250 / 60:.1f} min"), line
+
+
+def test_warm_start_lines_name_the_setting_so_two_settings_of_one_task_differ():
+    """Two named task settings of one task (rg_legs, rg_arith: both reasoning_gym) train two warm starts; the
+    progress lines name each by its setting, not by the task both share."""
+    from bench.run.sweep import Cell, Progress, WarmStartProgress
+
+    def cell(where):
+        cfg = OmegaConf.create({"task": {"name": "reasoning_gym"}, "model": {"name": "smollm2-135m"}, "seed": 0})
+        return Cell({}, cfg, where, where, where)
+
+    paths = {Path(f"{w}.yaml"): cell(w) for w in ("rg_legs", "rg_arith")}
+    wp = WarmStartProgress(Progress("hb", 10, 0, 2), 2, 2, paths, every_s=3600)
+    try:
+        names = [wp._where(p) for p in paths]
+    finally:
+        wp.close()
+    assert names == ["rg_legs smollm2-135m seed 0", "rg_arith smollm2-135m seed 0"]
 
 
 @pytest.mark.slow
