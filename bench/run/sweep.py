@@ -787,8 +787,8 @@ class WarmStartProgress:
             self.running[cfg_path] = (log, time.time())
 
     def _where(self, cfg_path: Path) -> str:
-        c = self.cell_of.get(cfg_path)  # by its setting's name: two settings of one task train two warm starts
-        return f"{c.where or c.cfg.task.name} {c.cfg.model.name} seed {c.cfg.seed}" if c is not None else cfg_path.stem
+        c = self.cell_of.get(cfg_path)  # by its setting (plan's `where`): two settings of one task, two warm starts
+        return f"{c.where} {c.cfg.model.name} seed {c.cfg.seed}" if c is not None else cfg_path.stem
 
     def heartbeat(self) -> str | None:
         """The progress line of the running warm starts, or None when none has printed a step yet."""
