@@ -356,7 +356,12 @@ def test_warm_starts_live_in_their_own_experiment_and_cells_link_to_them(warm_sw
     assert warm.data.tags["warm_start.key"]
     cells = cell_runs(tmp, "warm")
     assert len(cells) == 2
+    # The one warm start runs alone before the cells: it gets the cores the 2 workers split (it had half of them).
+    from bench.run.sweep import share_cores
+
+    assert warm.data.params["trainer.num_threads"] == str(share_cores(1)) == str(os.cpu_count())
     for r in cells:
+        assert r.data.params["trainer.num_threads"] == str(share_cores(2))
         assert r.data.tags["warm_start.run_id"] == warm.info.run_id, r.data.tags
         assert Path(r.data.tags["warm_start.path"]).name.endswith(warm.data.tags["warm_start.key"])
 
@@ -658,3 +663,14 @@ def test_warm_start_runs_print_their_progress_to_the_sweep_logs(warm_sweep):
     assert logs
     for log in logs:
         assert "[progress] step 3/3 s/step" in log.read_text(), log.read_text()[-2000:]
+
+
+def test_share_cores_divides_the_machine_among_the_jobs_running_at_once(monkeypatch):
+    """Hand values on an 8-core machine: 2 jobs get 4 threads each, 3 jobs of 2 processes 1 each (8 // 6), no job
+    counts as one; never below one thread (a 1-core machine, 4 jobs)."""
+    from bench.run.sweep import share_cores
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert [share_cores(1), share_cores(2), share_cores(3, 2), share_cores(0)] == [8, 4, 1, 8]
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert share_cores(4) == 1

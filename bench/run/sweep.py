@@ -568,9 +568,7 @@ class Sweep:
         launcher = LAUNCHERS[launcher_name or self.spec.launcher](self.spec)
         workers = max(1, min(launcher.concurrency, len(self.cells)))
         per_cell = self.spec.resources.devices_per_cell  # processes per cell: they share the cell's cores
-        threads = self.spec.resources.cpus_per_cell or max(
-            1, (os.cpu_count() or 1) // (min(workers, self.spec.workers) * per_cell)
-        )
+        threads = self.spec.resources.cpus_per_cell or share_cores(workers, per_cell)
         parent = self.parent_run(overrides)
         self.stale_warm_starts()
         paths = {c.id: self.cell_config(c, parent, threads) for c in self.cells}
@@ -604,7 +602,8 @@ class Sweep:
             if stopping.is_set():
                 return -1
             log = self.dir / "logs" / f"warm_start-{key}.log"
-            argv = [sys.executable, "-m", "bench", "warm-start", *include_args(), f"config_file={cfg_path}"]
+            argv = [sys.executable, "-m", "bench", "warm-start", *include_args(), f"config_file={cfg_path}",
+                    f"trainer.num_threads={warm_threads}"]  # fmt: skip
             t0 = time.time()
             warm_progress.started(cfg_path, log)
             rc = launcher.run(argv, log, threads, self.spec.resources.gpus_per_cell, env)
@@ -657,6 +656,9 @@ class Sweep:
                         )  # fmt: skip
                         need.setdefault(key, paths[c.id])
                 if need:
+                    # The warm starts run before any cell and alone: they share the cores among themselves, not with
+                    # the workers that are idle meanwhile (one warm start on 2 workers had 1 of 2 cores: 2x slower).
+                    warm_threads = self.spec.resources.cpus_per_cell or share_cores(min(workers, len(need)), per_cell)
                     wp = WarmStartProgress(progress, len(need), workers, {paths[c.id]: c for c in todo})
                     try:
                         for rc in pool.map(lambda kv: warm(kv[1], kv[0], wp), need.items()):
@@ -683,6 +685,11 @@ class Sweep:
         if stopping.is_set():
             raise KeyboardInterrupt
         return {"failed": list(failed.values())}
+
+
+def share_cores(jobs: int, processes_per_job: int = 1) -> int:
+    """Threads for each process when ``jobs`` jobs of ``processes_per_job`` processes share this machine's cores."""
+    return max(1, (os.cpu_count() or 1) // (max(1, jobs) * processes_per_job))
 
 
 def schedule_eta(mean_s: float, running_elapsed: list[float], queued: int, workers: int) -> float:
