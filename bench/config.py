@@ -264,6 +264,10 @@ class EvalConfig:
     engine: Literal["policy", "rollout"] = "policy"
     """policy | rollout: what generates the evaluation's completions. policy: the hf loop over the policy (float32).
     rollout: the rollout engine (with rollout.engine=vllm: the vLLM engine, sent the current weights first)."""
+    share_start: bool = False
+    """Share the step-0 evaluation among runs that start from the same weights with the same seed and evaluation
+    settings (a sweep's algorithms from one warm start): the first computes it into cache_dir/eval_start/, the others
+    log it, tagged ``eval.start_from``. Off by default: the saving is a sweep's, and a run alone gains nothing."""
 
     def __post_init__(self) -> None:
         if self.samples_per_problem < 0:
@@ -474,6 +478,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "algorithm.m2_threshold": 0.04,
     "algorithm.critic_warmup": 0,
     "task.filler": "fixed",
+    "eval.share_start": False,
     "task.demo_error_mode": "replace",
     "task.demo": "answer",
     "rollout.prompt_pool": "all",

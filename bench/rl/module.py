@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -203,7 +204,7 @@ class PolicyModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         if self.step_count == 0 and self.last_eval_step < 0:
-            self.evaluate()
+            self.evaluate_start()
         self._line_start = (time.monotonic(), self.step_count)  # the [progress] lines' clock
 
     def on_train_batch_start(self, batch, batch_idx):
@@ -348,10 +349,16 @@ class PolicyModule(L.LightningModule):
         # A component equal to the score on every problem (countdown's correct, GSM8K's strict) is eval/accuracy's
         # twin: not logged again.
         metrics.update({f"eval/{name}": math.fsum(v) / len(v) for name, v in components.items() if v != scores})
+        self.policy.train(was_training)
+        return self.log_evaluation(metrics, rows, outcomes)
+
+    def log_evaluation(self, metrics: dict[str, float], rows: list[dict], outcomes: list[dict]) -> dict[str, float]:
+        """Log one evaluation (its metrics, sample table and per-problem outcomes) at the current step."""
         # The other x-axes at this evaluation, so curves can be drawn against samples or tokens as well as steps.
         for axis in ("samples_seen", "tokens_generated"):
             if hasattr(self, axis):
                 metrics[f"eval/at_{axis}"] = getattr(self, axis)
+        self.last_evaluation = (metrics, rows, outcomes)
         self.log_metrics(metrics)
         self.log_against_budget(metrics)
         for logger in self.loggers:
@@ -360,8 +367,85 @@ class PolicyModule(L.LightningModule):
                 logger.log_jsonl(outcomes, f"eval/outcomes/step_{self.step_count:06d}.jsonl")
         self.eval_history.append((self.step_count, metrics))
         self.last_eval_step = self.step_count
-        self.policy.train(was_training)
         return metrics
+
+    def evaluate_start(self) -> dict[str, float]:
+        """The step-0 evaluation, shared by the runs that start from the same weights with the same evaluation: the
+        held-out samples are seeded by (run seed, problem), so a sweep's algorithms with one seed and one warm start
+        would each compute the same evaluation (on SmolLM2, 2 of a 40-step cell's 12 minutes). The first run computes
+        it and stores it under cache_dir/eval_start/, keyed by a digest of the weights and every setting but the
+        training ones (``START_EVAL_IGNORES``); the others log it and say so (tag ``eval.start_from``: the run that
+        computed it). With ``eval.share_start`` (off by default); a run on several processes computes its own."""
+        share = self.cfg.eval.share_start and bool(self.cfg.cache_dir) and not dist.active()
+        key = self.start_eval_key() if share else None
+        if key is None:
+            return self.evaluate()
+        import fcntl
+        import json
+
+        path = Path(self.cfg.cache_dir).expanduser() / "eval_start" / f"{key}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "w") as lock:  # a run starting beside it waits, then reuses
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if path.exists():
+                stored = json.loads(path.read_text())
+                metrics = self.log_evaluation(stored["metrics"], stored["rows"], stored["outcomes"])
+                self.tag_run({"eval.start_from": stored["run_id"], "eval.start_seconds": f"{stored['seconds']:.1f}"})
+                print(f"[eval] step 0: reusing the evaluation of run {stored['run_id']} (same weights and settings)")
+                return metrics
+            t0 = time.monotonic()
+            metrics = self.evaluate()
+            run_id = next((lg.run_id for lg in self.loggers if getattr(lg, "run_id", None)), "unknown")
+            m, rows, outcomes = self.last_evaluation
+            record = {"metrics": m, "rows": rows, "outcomes": outcomes, "run_id": run_id,
+                      "seconds": time.monotonic() - t0}  # fmt: skip
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record, default=str))
+            tmp.replace(path)
+            return metrics
+
+    START_EVAL_IGNORES: ClassVar[tuple[str, ...]] = (
+        "algorithm", "optim", "train", "tracking", "output_dir", "cache_dir", "resume", "init", "warm_start",
+        "task.data_root", "trainer.max_steps", "trainer.eval_every", "trainer.checkpoint_every", "trainer.num_threads",
+        "trainer.progress_bar", "rollout.group_size", "rollout.prompts_per_step", "rollout.staleness",
+        "rollout.prompt_pool", "rollout.pool_samples", "rollout.pool_screened", "rollout.logp_from_sampler",
+        "rollout.logp_tolerance",
+    )  # fmt: skip
+    """Settings that cannot change a step-0 evaluation: what the training does after it, and where things lie (the
+    starting weights enter the key as their digest, so init and warm_start need not)."""
+
+    def start_eval_key(self) -> str:
+        import dataclasses
+        import hashlib
+        import inspect
+        import json
+
+        from bench.config import flatten
+
+        h = hashlib.blake2b(digest_size=16)
+        for name, t in sorted(self.policy.state_dict().items()):
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        # The code that evaluates: which methods this module uses, and the harness's and the tasks' source (a fix to
+        # the evaluation or a reward must not meet an evaluation stored before it), and the libraries that generate.
+        code = [getattr(type(self), m).__qualname__ for m in ("evaluate", "_generations", "eval_sampler")]
+        root = Path(__file__).resolve().parents[2]
+        task_file = Path(inspect.getfile(type(self.task))).resolve()  # a dropped-in task may live elsewhere
+        for f in sorted({*root.glob("bench/**/*.py"), *root.glob("tasks/*.py"), task_file}):
+            h.update(f.read_bytes())
+        for lib in ("torch", "transformers", "vllm"):
+            code.append(str(getattr(sys.modules.get(lib), "__version__", None)))
+        ignored = self.START_EVAL_IGNORES
+        flat = flatten(dataclasses.asdict(self.cfg))
+        cfg = {k: v for k, v in flat.items() if not any(k == i or k.startswith(f"{i}.") for i in ignored)}
+        key = json.dumps({"cfg": cfg, "weights": h.hexdigest(), "code": code}, sort_keys=True, default=str)
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def tag_run(self, tags: dict[str, str]) -> None:
+        for logger in self.loggers:
+            if getattr(logger, "run_id", None) and hasattr(logger, "experiment"):
+                for k, v in tags.items():
+                    logger.experiment.set_tag(logger.run_id, k, v)
 
     def _generations(self, examples: list, group: int, temperature: float, *, tag: tuple = (), rollout: bool = False):
         """Yield (first index, problems, decoded completions, lengths, results) chunk by chunk, ``eval.batch_size``
