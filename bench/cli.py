@@ -8,6 +8,8 @@
     python -m bench train config_file=<config.yaml> [key=value ...]   # a saved config (a run's or a sweep cell's)
     python -m bench sweep <name> [--launcher ray] [sweep.workers=4] [key=value ...]   # conf/sweep/<name>.yaml
     python -m bench report <name> [--x-axis tokens] [--out DIR]  # results/<name>/: summary.md, CSVs, plots
+    python -m bench export <name> --runs DIR    # a sweep's finished runs as files (to carry to another store)
+    python -m bench import <name> --runs DIR    # ... recreated in this store: the sweep skips them, reports read them
     python -m bench ui [--port 5000] [--workers 1]   # the MLflow UI over the embedded store (make ui)
 Add ``--include DIR`` (repeatable) to register algorithm or task files from another directory.
 """
@@ -140,6 +142,32 @@ def cmd_report(ns) -> None:
     print(f"report: {report(name, rest, x_axis=ns.x_axis, out=ns.out)}")
 
 
+def _carried(ns):
+    from bench.run.sweep import Sweep, load_plan
+
+    name, rest = _sweep_name(ns)
+    if not ns.runs:
+        raise ConfigError(f"python -m bench {ns.command} {name} --runs DIR: name the folder of exported runs")
+    spec, cells = load_plan(name, rest)
+    return Sweep(spec, cells), Path(ns.runs)
+
+
+def cmd_export(ns) -> None:
+    from bench.run.carry import export_runs
+
+    sweep, out = _carried(ns)
+    print(f"exported {export_runs(sweep, out)} runs of sweep {sweep.spec.name!r} ({sweep.uri}) to {out}")
+
+
+def cmd_import(ns) -> None:
+    from bench.run.carry import import_runs
+
+    sweep, src = _carried(ns)
+    imported, skipped = import_runs(sweep, src)
+    print(f"imported {imported} runs of sweep {sweep.spec.name!r} from {src} into {sweep.uri} ({skipped} cells "
+          "already finished there, skipped)")  # fmt: skip
+
+
 def port_holder(port: int) -> str:
     """Who listens on ``port`` (psutil: the process's id and command line), or "another process" (e.g. another
     user's, whose owner psutil may not see)."""
@@ -189,6 +217,8 @@ COMMANDS = {
     "warm-start": lambda ns: cmd_warm_start(ns.overrides),
     "sweep": cmd_sweep,
     "report": cmd_report,
+    "export": cmd_export,
+    "import": cmd_import,
     "ui": cmd_ui,
 }
 
@@ -206,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="sweep/report: write the report here (with overrides it otherwise goes beside results/<name>/)",
     )
+    parser.add_argument("--runs", help="export/import: the folder of a sweep's exported runs")
     parser.add_argument("--port", type=int, default=5000, help="ui: the port (127.0.0.1)")
     parser.add_argument("--workers", type=int, default=1, help="ui: server workers (MLflow's default: 4)")
     parser.add_argument("--jobs", action="store_true", help="ui: start MLflow's job runner too")

@@ -320,6 +320,60 @@ def test_report_numbers_match_mlflow(finished_sweep, tmp_path):
     assert {"report/summary.md", "report/summary.csv", "report/curves_step.png"} <= logged
 
 
+def test_export_then_import_carries_the_finished_cells_to_a_fresh_store(finished_sweep, tmp_path):
+    """`bench export` / `bench import`: the four finished cells and the parent, recreated in another store with the
+    same params, tags, metric histories, statuses and outcome artifacts, nested under that store's parent; the sweep
+    there has nothing left to run, its report gives the same numbers, a second import adds nothing, and a cell that
+    was stopped is not exported (a store that received it would skip a cell that never finished)."""
+    from bench.run.carry import export_runs, import_runs
+    from bench.run.sweep import Sweep
+
+    tmp, path, _ = finished_sweep
+    spec, cells = load_plan(str(path))
+    src = Sweep(spec, cells)
+    assert export_runs(src, tmp_path / "runs") == 5
+    uri = f"sqlite:///{tmp_path / 'other.db'}"
+    dst = Sweep(spec, cells, uri=uri)
+    assert import_runs(dst, tmp_path / "runs") == (5, 0)
+    assert import_runs(dst, tmp_path / "runs") == (0, 4)
+    (parent,) = dst.runs(role="sweep")
+    carried = {r.data.tags["carried_from"]: r for r in dst.runs(role="cell")}
+    assert len(carried) == 4
+    for r in src.runs(role="cell"):
+        c = carried[r.info.run_id]
+        assert c.info.status == r.info.status == "FINISHED" and c.data.params == r.data.params
+        assert c.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        same = {k: v for k, v in c.data.tags.items() if k not in ("mlflow.parentRunId", "carried_from")}
+        assert same == {k: v for k, v in r.data.tags.items() if k != "mlflow.parentRunId"}
+        for key in r.data.metrics:
+            hist = [(m.step, m.value) for m in src.client.get_metric_history(r.info.run_id, key)]
+            assert [(m.step, m.value) for m in dst.client.get_metric_history(c.info.run_id, key)] == hist, key
+        for step in (0, 3):
+            a = src.client.download_artifacts(r.info.run_id, f"eval/outcomes/step_{step:06d}.jsonl", str(tmp_path))
+            text = Path(a).read_text()
+            b = dst.client.download_artifacts(c.info.run_id, f"eval/outcomes/step_{step:06d}.jsonl", str(tmp_path))
+            assert Path(b).read_text() == text
+    again = run_sweep(str(path), [f"tracking.tracking_uri={uri}", "sweep.workers=1"])
+    assert again["failed"] == [] and len(dst.runs(role="cell")) == 4  # nothing ran
+    metric = "sweep.report.metric=eval/mean_at_4"
+    report(str(path), [metric], out=tmp_path / "a")
+    report(str(path), [metric, f"tracking.tracking_uri={uri}"], out=tmp_path / "b")
+    assert (tmp_path / "a" / "summary.csv").read_text() == (tmp_path / "b" / "summary.csv").read_text()
+    one = next(iter(carried.values()))
+    dst.client.set_terminated(one.info.run_id, "KILLED")
+    assert export_runs(dst, tmp_path / "again") == 4  # 3 finished cells and the parent
+
+
+def test_import_of_an_empty_folder_says_how_to_export(finished_sweep, tmp_path):
+    from bench.run.carry import import_runs
+    from bench.run.sweep import Sweep
+
+    _, path, _ = finished_sweep
+    spec, cells = load_plan(str(path))
+    with pytest.raises(ConfigError, match=r"no exported runs .*python -m bench export small --runs"):
+        import_runs(Sweep(spec, cells, uri=f"sqlite:///{tmp_path / 'x.db'}"), tmp_path)
+
+
 # ---- what a user sees in the MLflow UI ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def warm_sweep(tmp_path_factory):
