@@ -634,6 +634,14 @@ def test_sigterm_stops_cells_at_a_step_boundary_and_restart_resumes_the_same_run
     assert driver.returncode != 0, out[-2000:]
     killed = cell_runs(tmp_path, "termme")
     assert {r.info.status for r in killed} <= {"KILLED", "FINISHED"} and "KILLED" in {r.info.status for r in killed}
+    # A stopped cell resumes on this invocation's share of the cores, not the share saved with it (2 workers, then 1).
+    from bench.run.sweep import Sweep
+
+    spec, cells = load_plan(str(path))
+    sweep = Sweep(spec, cells)
+    stopped = {r.data.tags["sweep.cell"] for r in killed if r.info.status == "KILLED"}
+    argv = sweep.prepare(next(c for c in cells if c.id in stopped), threads=3)
+    assert argv[-2].startswith("resume=") and argv[-1] == "trainer.num_threads=3", argv
     rc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert rc.returncode == 0, rc.stdout[-3000:]
     runs = cell_runs(tmp_path, "termme", all_views=True)

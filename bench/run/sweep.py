@@ -524,8 +524,10 @@ class Sweep:
         path.write_text(to_yaml(cfg))
         return path
 
-    def prepare(self, cell: Cell) -> list[str] | None:
-        """What this cell needs now: None (done), or the command that finishes it (a resume or a fresh start)."""
+    def prepare(self, cell: Cell, threads: int | None = None) -> list[str] | None:
+        """What this cell needs now: None (done), or the command that finishes it (a resume or a fresh start). A
+        resume runs on ``threads`` (this invocation's share of the cores), not on the share saved with the run: a
+        cell stopped under 2 workers and resumed under 1 ran on 1 core of 2 (26 s a step against 11)."""
         runs = self.runs(**{"sweep.cell": cell.id})
         if any(r.info.status == "FINISHED" for r in runs):
             for r in runs:  # leftovers of earlier attempts
@@ -543,7 +545,8 @@ class Sweep:
                 self.client.delete_run(r.info.run_id)
         cmd = [sys.executable, "-m", "bench", "train", *include_args()]
         if keep is not None:
-            return cmd + [f"resume={keep.data.tags['run_dir']}"]
+            share = [f"trainer.num_threads={threads}"] if threads else []
+            return cmd + [f"resume={keep.data.tags['run_dir']}", *share]
         return cmd + [f"config_file={self.dir / 'cells' / f'{cell.id}.yaml'}"]
 
     def stale_warm_starts(self) -> None:
@@ -617,7 +620,7 @@ class Sweep:
             for n in range(self.spec.max_retries + 1):
                 if stopping.is_set():
                     return cell, None  # never started
-                argv = self.prepare(cell)
+                argv = self.prepare(cell, threads)
                 if argv is None:
                     rc = 0
                     break
