@@ -366,6 +366,8 @@ def test_export_then_import_carries_the_finished_cells_to_a_fresh_store(finished
     one = next(iter(carried.values()))
     dst.client.set_terminated(one.info.run_id, "KILLED")
     assert export_runs(dst, tmp_path / "again") == 4  # 3 finished cells and the parent
+    # under their first ids: exporting a store that imported them again rewrites the same folders, adds none
+    assert {d.name for d in (tmp_path / "again").iterdir()} < {d.name for d in (tmp_path / "runs").iterdir()}
 
 
 def test_import_of_an_empty_folder_says_how_to_export(finished_sweep, tmp_path):

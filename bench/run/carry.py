@@ -37,7 +37,8 @@ def export_runs(sweep: Sweep, out: Path) -> int:
     n = 0
     for run in _runs(sweep):
         rid = run.info.run_id
-        d = out / rid
+        first = run.data.tags.get("carried_from", rid)  # a run imported before keeps its first id: one folder a run
+        d = out / first
         if d.exists():
             shutil.rmtree(d)
         d.mkdir()
@@ -46,7 +47,7 @@ def export_runs(sweep: Sweep, out: Path) -> int:
             for key in sorted(run.data.metrics)
         }
         record = {
-            "run_id": rid,
+            "run_id": first,
             "run_name": run.info.run_name,
             "status": run.info.status,
             "start_time": run.info.start_time,
