@@ -394,10 +394,10 @@ class PolicyModule(L.LightningModule):
                 print(f"[eval] step 0: reusing the evaluation of run {stored['run_id']} (same weights and settings)")
                 return metrics
             t0 = time.monotonic()
-            metrics = self.evaluate()
+            self.evaluate()
+            metrics, rows, outcomes = self.last_evaluation
             run_id = next((lg.run_id for lg in self.loggers if getattr(lg, "run_id", None)), "unknown")
-            m, rows, outcomes = self.last_evaluation
-            record = {"metrics": m, "rows": rows, "outcomes": outcomes, "run_id": run_id,
+            record = {"metrics": metrics, "rows": rows, "outcomes": outcomes, "run_id": run_id,
                       "seconds": time.monotonic() - t0}  # fmt: skip
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, default=str))

@@ -80,12 +80,11 @@ def import_runs(sweep: Sweep, src: Path) -> tuple[int, int]:
         raise ConfigError(f"{src} holds runs of sweep(s) {sorted(other)}, not {sweep.spec.name!r}: import them with "
                           f"`python -m bench import {sorted(other)[0]} --runs {src}`")  # fmt: skip
     done = {r.data.tags.get("sweep.cell") for r in sweep.runs(role="cell") if r.info.status == "FINISHED"}
-    parents = {r["run_id"] for r in records if r["tags"].get("role") == "sweep"}
     here = sweep.runs(role="sweep")
     parent = here[0].info.run_id if here else None
     imported = skipped = 0
     for rec in sorted(records, key=lambda r: r["tags"].get("role") != "sweep"):  # the parent first
-        is_parent = rec["run_id"] in parents
+        is_parent = rec["tags"].get("role") == "sweep"
         if is_parent and parent is not None:
             continue  # this store's parent run stays the sweep's parent
         if not is_parent and rec["tags"].get("sweep.cell") in done:

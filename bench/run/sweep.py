@@ -610,7 +610,7 @@ class Sweep:
                     f"trainer.num_threads={warm_threads}"]  # fmt: skip
             t0 = time.time()
             warm_progress.started(cfg_path, log)
-            rc = launcher.run(argv, log, threads, self.spec.resources.gpus_per_cell, env)
+            rc = launcher.run(argv, log, warm_threads, self.spec.resources.gpus_per_cell, env)
             reused = rc == 0 and "reusing SFT warm start" in log.read_text(errors="replace")
             warm_progress.finished(cfg_path, rc, reused, time.time() - t0)
             return rc
