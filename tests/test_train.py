@@ -243,6 +243,54 @@ def test_interrupt_checkpoints_marks_killed_and_resumes(store, tmp_path, sig, ta
     assert steps == list(range(stop)), steps  # no step lost, none repeated
 
 
+TERM_AT_START = '''
+import os
+import signal
+
+from algorithms.grpo import GRPO
+
+
+class TermAtStart(GRPO):
+    """GRPO that receives SIGTERM as its training starts, before its step-0 evaluation (when TERM_AT_START is set)."""
+
+    def on_train_start(self):
+        if os.environ.get("TERM_AT_START"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        super().on_train_start()
+'''
+
+
+def test_sigterm_during_the_start_evaluation_stops_it_and_resumes(store, tmp_path, include_dir):
+    """A SIGTERM that arrives during the evaluation before the first step stops the run there (KILLED at step 0, the
+    evaluation cut short and not logged), not when the evaluation ends; the resumed run evaluates its start and
+    trains on."""
+    from bench.registry import ALGORITHMS
+    from tests.conftest import SMALL
+
+    (include_dir / "term_at_start.py").write_text(TERM_AT_START)
+    out = tmp_path / "runs"
+    args = [*SMALL, "task.num_eval=16", "eval.batch_size=4", f"tracking.tracking_uri={store['uri']}",
+            f"output_dir={out}", f"cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--include", str(include_dir), "train", "algorithm=term_at_start",
+         "task=countdown", *args],
+        cwd=ROOT, env={**os.environ, "TERM_AT_START": "1"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_dir = next(out.glob("*/run.json")).parent
+    run_id = json.loads((run_dir / "run.json").read_text())["mlflow_run_id"]
+    client = MlflowClient(tracking_uri=store["uri"])
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED", run.info.status
+    assert run.data.tags.get("interrupted") == "SIGTERMException at step 0", run.data.tags
+    assert client.get_metric_history(run_id, "eval/accuracy") == []  # cut between chunks, not finished and logged
+    ALGORITHMS.include(include_dir)
+    result = resume(run_dir, ["trainer.max_steps=1"])
+    assert result.run_id == run_id and client.get_run(run_id).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run_id, "eval/accuracy")] == [0, 1]
+    assert [m.step for m in client.get_metric_history(run_id, "reward/mean")] == [0]
+
+
 def test_resuming_a_run_stopped_after_its_last_step_trains_no_extra_step(small, store):
     """A stop that lands after the last step (the checkpoint already at max_steps) resumes to FINISHED without a
     step past trainer.max_steps (the sweep's SIGTERM can arrive then)."""

@@ -22,6 +22,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from bench import dist
 from bench.engine.behaviour import BehaviourPolicy
@@ -461,6 +462,8 @@ class PolicyModule(L.LightningModule):
         sampler, brancher = (partial(generate, self.policy), partial(branch, self.policy)) if rollout else (
             self.eval_sampler(), self.eval_brancher())  # fmt: skip
         for start in range(0, len(examples), per_chunk):
+            if not rollout:
+                self.stop_if_terminated_at_start()
             chunk = examples[start : start + per_chunk]
             batch = self.task.collate_prompts(chunk)
             seeds = [sample_seed(self.cfg.seed, *tag, ex.uid) for ex in chunk]
@@ -479,6 +482,16 @@ class PolicyModule(L.LightningModule):
                 continue
             gen = sampler(*args, group_size=group, max_new_tokens=budget, seeds=seeds, **kw)
             yield start, chunk, self.decode(gen.completion_ids, gen.mask), gen.lengths.tolist(), None
+
+    def stop_if_terminated_at_start(self) -> None:
+        """A SIGTERM during the evaluation before the first step (a warm start's takes minutes) stops the run between
+        two of its chunks, as Lightning's own evaluation loop stops between batches, not when the evaluation ends.
+        Only there: the resumed run evaluates its start again, so nothing is lost, while a stop inside a later
+        evaluation would leave its step unevaluated (that one finishes, and the run stops at the next step). One
+        process only: on several, the ranks agree on a SIGTERM at a step's start (bench.run.train._Interrupted)."""
+        t = self._trainer
+        if t is not None and self.step_count == 0 and t.world_size == 1 and t.received_sigterm:
+            raise SIGTERMException()
 
     def sampling_args(self, temperature: float, top_p: float) -> dict:
         """The engines' sampling keywords besides the prompts, the budget and the seeds."""
