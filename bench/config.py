@@ -216,6 +216,10 @@ class TrainerConfig:
     """Training steps: rollout steps for RL, optimizer steps for SFT."""
     eval_every: int = 10
     checkpoint_every: int = 25
+    keep_checkpoint: bool = True
+    """false: a run that finishes deletes its resumable checkpoint (weights and optimizer state: ~2 GB for a 135M
+    model), keeping final/ (the weights); one that stops keeps it to resume. For sweeps of many cells, whose finished
+    cells are never resumed."""
     accelerator: str = "auto"
     devices: int = 1
     """Processes per node (one per device: GPUs, or CPU processes with the gloo backend). >1 runs Lightning's DDP:
@@ -496,6 +500,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "trainer.num_nodes": 1,
     "trainer.strategy": "auto",
     "warm_start.seed": None,
+    "trainer.keep_checkpoint": True,
 }
 _ABSENT = object()
 

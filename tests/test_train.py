@@ -303,6 +303,27 @@ def test_resuming_a_run_stopped_after_its_last_step_trains_no_extra_step(small, 
     assert [m.step for m in client.get_metric_history(result.run_id, "time/step")] == [0, 1]
 
 
+def test_keep_checkpoint_false_deletes_a_finished_runs_checkpoint_and_resume_says_so(small, store):
+    """trainer.keep_checkpoint=false: the finished run keeps final/ but not its checkpoint, and resume= names why and
+    what to start from instead; the setting leaves the run's identity (sweep cell id, warm-start key) unchanged."""
+    from bench.config import ConfigError, config_hash
+    from bench.run.sweep import NOT_IN_IDENTITY
+    from bench.run.train import DROPPED
+
+    args = ["algorithm=grpo", "task=countdown", *small, "trainer.max_steps=1", "trainer.checkpoint_every=1"]
+    result = train(compose([*args, "trainer.keep_checkpoint=false"]))
+    assert (result.run_dir / "final" / "config.json").exists()
+    assert not (result.run_dir / "checkpoints" / "last.ckpt").exists()
+    assert (result.run_dir / "checkpoints" / DROPPED).exists()
+    with pytest.raises(ConfigError, match="keep_checkpoint=false.*init="):
+        resume(result.run_dir)
+    kept = compose(args)
+    assert config_hash(kept, drop=NOT_IN_IDENTITY) == config_hash(compose([*args, "trainer.keep_checkpoint=false"]),
+                                                                   drop=NOT_IN_IDENTITY)  # fmt: skip
+    assert config_hash(kept) == config_hash({k: v for k, v in kept.items() if k != "trainer"} | {
+        "trainer": {k: v for k, v in kept.trainer.items() if k != "keep_checkpoint"}})  # fmt: skip
+
+
 NAN_ALGORITHM = '''
 import torch
 from algorithms.grpo import GRPO

@@ -383,7 +383,8 @@ def test_grpo_trains_on_countdown_with_the_engine(extra, store):
 def test_a_run_on_the_engine_resumes_into_the_same_mlflow_run(store):
     """A vLLM-engine run continued with resume= ends as one FINISHED MLflow run with every step logged once: the new
     engine's start time and memory are metrics at the step it started (as params, MLflow refused the changed values
-    and the resume failed: found resuming issue 41's pilot)."""
+    and the resume failed: found resuming issue 41's pilot). The weights file each engine starts from is deleted once
+    it has started (issue 41's sweep filled the disk with them)."""
     from mlflow.tracking import MlflowClient
 
     from bench.run.train import resume, train
@@ -393,7 +394,10 @@ def test_a_run_on_the_engine_resumes_into_the_same_mlflow_run(store):
             "trainer.eval_every=100", "trainer.checkpoint_every=1", "trainer.progress_bar=false", "rollout.engine=vllm",
             *store["args"]]  # fmt: skip
     first = train(compose(args))
-    again = resume(first.run_dir, ["trainer.max_steps=4"])
+    copy = first.run_dir / "engine" / "model.safetensors"  # the engine's start-up copy (0.5 GB on SmolLM2)
+    assert (first.run_dir / "engine" / "config.json").exists() and not copy.exists()
+    again = resume(first.run_dir, ["trainer.max_steps=4"])  # a new engine, which trains on without the file
+    assert not copy.exists()
     client = MlflowClient(store["uri"])
     run = client.get_run(first.run_id)
     assert again.run_id == first.run_id and run.info.status == "FINISHED"

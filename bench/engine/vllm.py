@@ -202,6 +202,9 @@ class VLLMEngine:
                            max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs",
                            enable_prefix_caching=True, **kw, **executor)  # fmt: skip
         self.start_s = time.perf_counter() - t0
+        # The engine holds the weights now and later ones arrive through push(): the file (a copy of the policy, 0.5 GB
+        # for a 135M model, in every run's directory) is not read again
+        (folder / "model.safetensors").unlink(missing_ok=True)
         self.device = "cpu"
         if on_gpu:
             torch.cuda.set_device(device)  # the rank's own device, whatever the engine's worker set

@@ -54,6 +54,7 @@ NOT_IN_IDENTITY = (
     "trainer.progress_bar",
     "trainer.num_threads",
     "trainer.checkpoint_every",
+    "trainer.keep_checkpoint",
     "eval.share_start",  # a saving, not a change: the shared evaluation is the one the cell would compute
 )
 SELECTOR_AXES = ("algorithm", "task", "model")

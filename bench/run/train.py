@@ -57,6 +57,7 @@ _NOT_IN_KEY = (
     "resume",
     "trainer.eval_every",
     "trainer.checkpoint_every",
+    "trainer.keep_checkpoint",
     "trainer.progress_bar",
     "trainer.num_threads",
     # speed switches: same samples and updates (tests/test_perf_equivalence.py)
@@ -111,6 +112,7 @@ class _StepProgressBar(TQDMProgressBar):
         return metrics
 
 
+DROPPED = "DELETED_ON_FINISH"  # beside checkpoints/last.ckpt once trainer.keep_checkpoint=false deleted it
 PROGRESS_RE = r"\[progress\] step (\d+)/(\d+) s/step ([\d.]+)"
 
 
@@ -202,7 +204,8 @@ def ensure_sft(cfg: DictConfig) -> Path:
                 "num_threads": cfg.trainer.num_threads,
                 "progress_bar": cfg.trainer.progress_bar,
                 # the run's precision too (bf16-mixed: a bfloat16 warm start, keyed apart from the float32 one)
-                **{k: cfg.trainer[k] for k in ("accelerator", "devices", "num_nodes", "strategy", "precision")},
+                **{k: cfg.trainer[k] for k in ("accelerator", "devices", "num_nodes", "strategy", "precision",
+                                               "keep_checkpoint")},  # fmt: skip
             },
             # the run's token budget, and an environment's turn limits (the warm start's evaluation plays episodes)
             "rollout": {k: cfg.rollout[k] for k in ("max_new_tokens", "max_turns", "turn_tokens")},
@@ -434,6 +437,9 @@ def _fit(cfg, module, dm, policy, tokenizer, logger, run_dir, uri, resume_dir) -
         policy.save_pretrained(final, **({} if whole is None else {"state_dict": whole}))
         tokenizer.save_pretrained(final)
         logger.log_json({"eval_history": module.eval_history}, "eval_history.json")
+        if not cfg.trainer.keep_checkpoint and ckpt.exists():
+            ckpt.unlink()
+            (ckpt.parent / DROPPED).write_text("trainer.keep_checkpoint=false: deleted when the run finished\n")
     return RunResult(run_id=logger.run_id, run_dir=run_dir, eval_history=module.eval_history)
 
 
@@ -479,6 +485,11 @@ def resume(run_dir: str | Path, overrides: list[str] = ()) -> RunResult:
         raise ConfigError(
             f"resume={run_dir}: no such directory ({d}). resume= takes the run directory that train printed "
             f"(output_dir/<run name>, e.g. runs/countdown-grpo-s0-<time>).{latest}"
+        )
+    if (d / "checkpoints" / DROPPED).exists():
+        raise ConfigError(
+            f"resume={run_dir}: the run finished with trainer.keep_checkpoint=false, so its checkpoint was deleted. "
+            f"Its final weights are in {d / 'final'}: start a new run from them (init={d / 'final'})."
         )
     if not (d / "run.json").exists() or not (d / "checkpoints" / "last.ckpt").exists():
         raise ConfigError(
