@@ -23,6 +23,7 @@ from pathlib import Path
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from bench import dist as bench_dist
 from bench.config import ConfigError, compose, to_yaml
 from bench.registry import ALGORITHMS, TASKS, RegistryError
 
@@ -242,9 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", action="store_true", help="ui: start MLflow's job runner too")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides (sweep/report: the sweep name first)")
     ns = parser.parse_intermixed_args(argv)
+    clean = False
     try:
         _include(ns.include)
         COMMANDS[ns.command](ns)
+        clean = True
     except (ConfigError, RegistryError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -252,4 +255,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except SIGTERMException:  # Lightning's SystemExit subclass would exit 0: a killed run must not look successful
         return 128 + signal.SIGTERM
+    finally:
+        bench_dist.shutdown(clean)  # under torchrun: the process group, before the interpreter's teardown
     return 0

@@ -93,6 +93,18 @@ def check(x: torch.Tensor, what: str) -> torch.Tensor:
     return x
 
 
+def shutdown(clean: bool = True) -> None:
+    """Destroy the process group before the interpreter exits (PyTorch asks for it: a group left to the interpreter's
+    teardown can abort a rank with "terminate called without an active exception" while its peer is closing, which
+    the launcher reports as a failed run). ``clean``: every rank got here, so a barrier first lets none close its
+    connections while another is still in a collective; after an error the group is destroyed without one."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if clean and dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def rank() -> int:
     return dist.get_rank() if active() else 0
 

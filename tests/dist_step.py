@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import dist as bench_dist  # noqa: E402
 from bench.config import compose  # noqa: E402
 from bench.engine.rollout import Generation, sample_seed  # noqa: E402
 from bench.registry import TASKS  # noqa: E402
@@ -108,3 +109,4 @@ if __name__ == "__main__":
         RLModule.sample, RLModule.score = injected_sample, injected_score
     for algorithm in algorithms.split(","):
         run(f"{out}/{algorithm}", algorithm, extra)
+    bench_dist.shutdown()  # as `python -m bench` does: the process group goes before the interpreter's teardown

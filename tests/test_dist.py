@@ -549,3 +549,17 @@ def test_multi_turn_episodes_on_two_processes_equal_one_process(tmp_path):
         diff = _max_diff(_final(one[a]), _final(two[a]))
         print(f"{a}: 2 processes vs 1 on episodes: max |diff| {diff:.2e}")
         assert diff < 1e-5, (a, diff)
+
+
+def test_the_cli_destroys_the_process_group_before_exit(capsys):
+    """`python -m bench` under torchrun destroys the process group when its command ends, cleanly or with an error,
+    instead of leaving it to the interpreter's teardown (which can abort a rank: "terminate called without an active
+    exception", seen once in CI on the FSDP comparison after every run had finished)."""
+    import torch.distributed as tdist
+
+    from bench.cli import main
+
+    for argv, rc in ((["list"], 0), (["train", "algorithm=no_such_algorithm"], 2)):
+        tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)
+        assert main(argv) == rc and not tdist.is_initialized(), argv
+    capsys.readouterr()

@@ -204,8 +204,10 @@ def ensure_sft(cfg: DictConfig) -> Path:
                 "num_threads": cfg.trainer.num_threads,
                 "progress_bar": cfg.trainer.progress_bar,
                 # the run's precision too (bf16-mixed: a bfloat16 warm start, keyed apart from the float32 one)
-                **{k: cfg.trainer[k] for k in ("accelerator", "devices", "num_nodes", "strategy", "precision",
-                                               "keep_checkpoint")},  # fmt: skip
+                **{
+                    k: cfg.trainer[k]
+                    for k in ("accelerator", "devices", "num_nodes", "strategy", "precision", "keep_checkpoint")
+                },  # fmt: skip
             },
             # the run's token budget, and an environment's turn limits (the warm start's evaluation plays episodes)
             "rollout": {k: cfg.rollout[k] for k in ("max_new_tokens", "max_turns", "turn_tokens")},
