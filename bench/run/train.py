@@ -207,7 +207,7 @@ def ensure_sft(cfg: DictConfig) -> Path:
                 **{
                     k: cfg.trainer[k]
                     for k in ("accelerator", "devices", "num_nodes", "strategy", "precision", "keep_checkpoint")
-                },  # fmt: skip
+                },
             },
             # the run's token budget, and an environment's turn limits (the warm start's evaluation plays episodes)
             "rollout": {k: cfg.rollout[k] for k in ("max_new_tokens", "max_turns", "turn_tokens")},
