@@ -495,3 +495,31 @@ def test_until_step_reads_every_run_up_to_that_step(tmp_path):
     assert float(final_row("early")["estimate"]) == pytest.approx(by_hand, abs=1e-9)
     assert float(final_row("full")["estimate"]) > float(final_row("early")["estimate"]) + 0.1
     assert "**Read up to step 20** (`report.until_step`)" in summary
+
+
+def test_a_variant_has_the_same_colour_in_the_curves_and_in_the_differences_to_the_baseline(tmp_path, monkeypatch):
+    """The differences plot leaves the baseline out; its variants still take the colours the learning curves give
+    them (it once coloured by position without the baseline, so gspo there had grpo's colour in the curves)."""
+    from types import SimpleNamespace
+
+    from bench.run import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    variants = ["dr_grpo", "grpo", "gspo", "gtpo"]
+    plots.plot([_budget_group(v, 8.0, 0.01 * k, [0.0, 0.01]) for k, v in enumerate(variants)], "step", "m", tmp_path)
+    point = SimpleNamespace(estimate=0.0, lo=-0.1, hi=0.1)
+    plots.plot_differences({"t": ("grpo", {v: [(s, point) for s in STEPS] for v in variants if v != "grpo"})}, "m",
+                           tmp_path)  # fmt: skip
+
+    def colours(fig):
+        return {
+            line.get_label().split(" ")[0]: line.get_color()
+            for line in fig.axes[0].get_lines()
+            if line.get_label()[0] != "_"
+        }
+
+    curves, differences = colours(figures[0]), colours(figures[1])
+    assert set(differences) == {"dr_grpo", "gspo", "gtpo"}
+    assert all(differences[v] == curves[v] for v in differences), (curves, differences)
+    assert len(set(curves.values())) == 4

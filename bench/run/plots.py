@@ -193,8 +193,10 @@ def plot_differences(curves: dict[str, tuple[str, dict]], metric: str, path: Pat
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
         baseline, per_variant = curves[task]
-        for i, (variant, points) in enumerate(sorted(per_variant.items())):
-            colour, style = _style(i)
+        # the baseline keeps its place in the order: each variant takes the colour it has in the other plots
+        names = sorted({baseline, *per_variant})
+        for variant, points in sorted(per_variant.items()):
+            colour, style = _style(names.index(variant))
             steps = [s for s, _ in points]
             ax.plot(steps, [d.estimate for _, d in points], style, color=colour, label=variant)
             ax.fill_between(steps, [d.lo for _, d in points], [d.hi for _, d in points], color=colour, alpha=0.15)
