@@ -259,6 +259,8 @@ def test_a_report_with_overrides_never_overwrites_the_committed_one(synthetic):
     assert moved.parent.name == "synthetic+sweep.report.baseline=dapo" and moved.parent.parent == summary.parent.parent
     assert summary.read_text() == before
     assert "Differences to dapo" in moved.read_text()
+    assert "invocations with other overrides, which ran other cells, count too" in moved.read_text()
+    assert "invocations with other overrides" not in before  # the sweep's own report: no overrides, no caveat
     spec = load_plan(str(path))[0]
     assert _out_dir(spec, ["sweep.report.baseline=dapo"], tmp / "chosen") == (tmp / "chosen", None)  # --out wins
     assert _out_dir(spec, ["sweep.workers=1"], None) == (summary.parent, None)  # how cells run: the committed place

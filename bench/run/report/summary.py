@@ -65,7 +65,9 @@ def _summary(spec, cells, runs, groups, rows, tasks, threshold, comparisons, pow
     lines += [
         f"- {len(runs)} of {len(cells)} cells finished (MLflow experiment `sweep-{spec.name}`); sum of the cells' "
         f"wall-clock {wall / 60:.1f} min (process start-up included); the sweep driver ran {driver / 60:.1f} min over "
-        "all its invocations (warm starts included; one killed outright counts up to its last finished cell).",
+        "all its invocations (warm starts included; one killed outright counts up to its last finished cell"
+        + ("; invocations with other overrides, which ran other cells, count too" if changing else "")
+        + ").",
         "",
         "**How to read this report.** Final and AUC (the mean held-out value over training, a trapezoid) are means "
         "over seeds with 95% Student-t intervals; IQM is the interquartile mean with rliable's stratified-bootstrap "
