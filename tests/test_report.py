@@ -525,3 +525,14 @@ def test_a_variant_has_the_same_colour_in_the_curves_and_in_the_differences_to_t
     assert set(differences) == {"dr_grpo", "gspo", "gtpo"}
     assert all(differences[v] == curves[v] for v in differences), (curves, differences)
     assert len(set(curves.values())) == 4
+
+    from rliable import plot_utils
+
+    given, draw = {}, plot_utils.plot_interval_estimates
+    monkeypatch.setattr(
+        plot_utils, "plot_interval_estimates", lambda *a, **kw: (given.update(kw["colors"]), draw(*a, **kw))[1]
+    )
+    agg = {v: {k: [(0.5, 0.4, 0.6), (0.5, 0.4, 0.6)] for k in plots.KINDS} for v in variants}
+    scores = {k: {v: np.full((2, 1), 0.1 * i) for i, v in enumerate(variants)} for k in plots.KINDS}
+    plots.plot_rliable(scores, agg, {}, "m", tmp_path)
+    assert given == curves  # rliable's interval estimates too, not its own palette

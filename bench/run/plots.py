@@ -155,8 +155,10 @@ def plot_rliable(scores: dict[str, dict[str, np.ndarray]], agg: dict, pairs: dic
     point = {a: np.array([agg[a][k][j][0] for j, k in order]) for a in algos}
     ci = {a: np.array([[agg[a][k][j][1] for j, k in order], [agg[a][k][j][2] for j, k in order]]) for a in algos}
     names = [f"{stat} {k}" for stat in ("mean", "IQM") for k in ("final", "AUC")]
+    colours = {a: _style(i)[0] for i, a in enumerate(algos)}  # each algorithm the colour of its learning curve
     fig, _ = plot_utils.plot_interval_estimates(
-        point, ci, metric_names=names, algorithms=algos, xlabel=f"{metric} (95% stratified-bootstrap CIs)",
+        point, ci, metric_names=names, algorithms=algos, colors=colours,
+        xlabel=f"{metric} (95% stratified-bootstrap CIs)",
         xlabel_y_coordinate=-0.45 / max(len(algos), 1) ** 0.5,
     )  # fmt: skip
     fig.savefig(out / "aggregates.png", dpi=110, bbox_inches="tight")
@@ -169,7 +171,6 @@ def plot_rliable(scores: dict[str, dict[str, np.ndarray]], agg: dict, pairs: dic
     np.random.seed(0)
     prof, prof_ci = rly.create_performance_profile(final, taus, reps=500)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colours = {a: _style(i)[0] for i, a in enumerate(algos)}
     labels = dict(xlabel=f"final {metric} (τ)", ylabel="fraction of runs with score > τ")
     plot_utils.plot_performance_profiles(prof, taus, performance_profile_cis=prof_ci, ax=ax, colors=colours, **labels)
     handles = [plt.Line2D([0], [0], color=_style(i)[0]) for i in range(len(algos))]
