@@ -742,3 +742,23 @@ def test_share_cores_divides_the_machine_among_the_jobs_running_at_once(monkeypa
     assert [share_cores(1), share_cores(2), share_cores(3, 2), share_cores(0)] == [8, 4, 1, 8]
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert share_cores(4) == 1
+
+
+def test_a_stopped_local_launcher_starts_no_more_cells(tmp_path):
+    """stop() and a cell's launch are serialised: a cell whose launch comes after the stop never starts (one that
+    raced it once started after the SIGTERM was sent to the running ones, and trained on)."""
+    import signal
+    import sys
+    from types import SimpleNamespace
+
+    from bench.run.sweep import LocalLauncher
+
+    spec = SimpleNamespace(resources=SimpleNamespace(devices_per_cell=1), workers=1)
+    launcher = LocalLauncher(spec)
+    marker = tmp_path / "ran"
+    argv = [sys.executable, "-c", f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')"]
+    assert launcher.run(argv, tmp_path / "a.log", 1, 0, {}) == 0 and marker.exists()  # runs while not stopped
+    marker.unlink()
+    launcher.stop()
+    assert launcher.run(argv, tmp_path / "b.log", 1, 0, {}) == -signal.SIGTERM
+    assert not marker.exists() and not launcher.procs

@@ -341,6 +341,7 @@ class LocalLauncher:
         self.per_cell = n
         self.procs: set[subprocess.Popen] = set()
         self.lock = threading.Lock()
+        self.stopping = False
 
     def run(self, argv: list[str], log: Path, cpus: int, gpus: float, env: dict[str, str]) -> int:
         held: list[str] = []
@@ -349,17 +350,20 @@ class LocalLauncher:
                 held, self.free = self.free[: self.per_cell], self.free[self.per_cell :]
             env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(held)}
         try:
-            with log.open("a") as f:
+            with log.open("a") as f, self.lock:
+                # launched and registered under the lock: a stop() between the two once missed a cell starting up,
+                # which then trained on after the driver was told to stop
+                if self.stopping:
+                    return -signal.SIGTERM
                 proc = subprocess.Popen(
                     argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
                 )
+                self.procs.add(proc)
+            try:
+                return proc.wait()
+            finally:
                 with self.lock:
-                    self.procs.add(proc)
-                try:
-                    return proc.wait()
-                finally:
-                    with self.lock:
-                        self.procs.discard(proc)
+                    self.procs.discard(proc)
         finally:
             if held:
                 with self.lock:
@@ -368,6 +372,7 @@ class LocalLauncher:
     def stop(self) -> None:
         """Graceful: SIGTERM lets each cell checkpoint at a step boundary and mark its MLflow run KILLED."""
         with self.lock:
+            self.stopping = True  # and no cell starts after this
             for p in self.procs:
                 p.send_signal(signal.SIGTERM)
 
