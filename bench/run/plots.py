@@ -173,7 +173,7 @@ def plot_rliable(scores: dict[str, dict[str, np.ndarray]], agg: dict, pairs: dic
     fig, ax = plt.subplots(figsize=(7, 4.5))
     labels = dict(xlabel=f"final {metric} (τ)", ylabel="fraction of runs with score > τ")
     plot_utils.plot_performance_profiles(prof, taus, performance_profile_cis=prof_ci, ax=ax, colors=colours, **labels)
-    handles = [plt.Line2D([0], [0], color=_style(i)[0]) for i in range(len(algos))]
+    handles = [plt.Line2D([0], [0], color=colours[a]) for a in algos]
     _legend(ax, fontsize=8, ncol=1, handles=handles, labels=list(algos))
     _save(fig, out / "profile.png")
     written.append("profile.png")
